@@ -1,0 +1,153 @@
+"""Timing on the GPU (CUDA events, L2 flushed, median of many runs) and on the CPU (perf_counter,
+same interface), and the two ceilings every later notebook compares against: device copy
+bandwidth and dense matmul throughput.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .device import HAS_CUDA, pick
+
+_FLUSH_BYTES = 256 * 2**20  # larger than any L2 in helpers.specs
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Summary of repeated timings of one callable, in milliseconds."""
+
+    ms: float  # median
+    ms_p20: float
+    ms_p80: float
+    reps: int
+    timer: str  # "cuda-events" or "perf_counter"
+
+    def gbps(self, nbytes: float) -> float:
+        """Bandwidth in GB/s (1e9 bytes/s) if the call moves ``nbytes``."""
+        return nbytes / (self.ms * 1e-3) / 1e9
+
+    def tflops(self, flops: float) -> float:
+        """Throughput in TFLOP/s if the call does ``flops`` floating-point operations."""
+        return flops / (self.ms * 1e-3) / 1e12
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def time_fn(fn: Callable[[], object], *, warmup_ms: float = 25.0, rep_ms: float = 100.0,
+            min_reps: int = 5, max_reps: int = 1000, flush_l2: bool = True,
+            device: str | None = None) -> Timing:
+    """Time ``fn()``: warm up for ``warmup_ms``, then repeat for about ``rep_ms`` (within
+    ``min_reps``..``max_reps`` runs) and return the median. On CUDA each run is bracketed by
+    events and preceded by a write of 256 MB that evicts the L2, so every run starts cold;
+    on the CPU the same loop uses ``time.perf_counter``.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if not (0 < min_reps <= max_reps):
+        raise ValueError(f"need 0 < min_reps <= max_reps, got {min_reps}, {max_reps}")
+    if warmup_ms < 0 or rep_ms <= 0:
+        raise ValueError(f"need warmup_ms >= 0 and rep_ms > 0, got {warmup_ms}, {rep_ms}")
+    use_cuda = HAS_CUDA if device is None else device == "cuda"
+    if use_cuda and not HAS_CUDA:
+        raise RuntimeError("device='cuda' asked for, but this machine has no CUDA GPU")
+    return _time_cuda(fn, warmup_ms, rep_ms, min_reps, max_reps, flush_l2) if use_cuda \
+        else _time_cpu(fn, warmup_ms, rep_ms, min_reps, max_reps)
+
+
+def _reps_for(estimate_ms: float, budget_ms: float, lo: int, hi: int) -> int:
+    return max(lo, min(hi, int(budget_ms / max(estimate_ms, 1e-6))))
+
+
+def _time_cuda(fn, warmup_ms, rep_ms, min_reps, max_reps, flush_l2) -> Timing:
+    flush = torch.empty(_FLUSH_BYTES, dtype=torch.int8, device="cuda") if flush_l2 else None
+    fn()  # compile / autotune / allocate outside the timings
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = start.elapsed_time(end) / 3
+    for _ in range(_reps_for(estimate, warmup_ms, 1, max_reps)):
+        fn()
+    reps = _reps_for(estimate, rep_ms, min_reps, max_reps)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        if flush is not None:
+            flush.zero_()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return _summary([s.elapsed_time(e) for s, e in zip(starts, ends)], "cuda-events")
+
+
+def _time_cpu(fn, warmup_ms, rep_ms, min_reps, max_reps) -> Timing:
+    t0 = time.perf_counter()
+    fn()
+    estimate = (time.perf_counter() - t0) * 1e3
+    for _ in range(_reps_for(estimate, warmup_ms, 0, max_reps)):
+        fn()
+    times = []
+    for _ in range(_reps_for(estimate, rep_ms, min_reps, max_reps)):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return _summary(times, "perf_counter")
+
+
+def _summary(times_ms: list[float], timer: str) -> Timing:
+    ordered = sorted(times_ms)
+    return Timing(statistics.median(ordered), _quantile(ordered, 0.2), _quantile(ordered, 0.8), len(ordered), timer)
+
+
+def copy_bandwidth(nbytes: int | None = None) -> dict:
+    """Measured device copy bandwidth: ``dst.copy_(src)`` of ``nbytes``, counting read + write.
+
+    Default size: 1 GiB on the GPU (far beyond L2), 16 MiB on the CPU.
+    """
+    nbytes = nbytes or pick(full=2**30, smoke=2**24)
+    if nbytes < 4 or nbytes % 4:
+        raise ValueError(f"nbytes must be a positive multiple of 4, got {nbytes}")
+    device = "cuda" if HAS_CUDA else "cpu"
+    src = torch.randn(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    timing = time_fn(lambda: dst.copy_(src))
+    if not torch.equal(dst, src):
+        raise RuntimeError("copy ceiling: destination differs from source after the timed copies")
+    return {"what": "copy", "bytes": nbytes, "ms": timing.ms, "gbps": timing.gbps(2 * nbytes)}
+
+
+_MATMUL_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
+
+
+def matmul_tflops(dtype: str = "bf16", n: int | None = None) -> dict:
+    """Measured dense matmul throughput of an ``n x n @ n x n`` product on random data.
+
+    ``dtype``: "bf16", "fp16", "fp32" (true fp32, TF32 off) or "tf32" (fp32 storage, TF32 tensor cores).
+    Default n: 8192 on the GPU, 256 on the CPU.
+    """
+    if dtype not in _MATMUL_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_MATMUL_DTYPES)}, got {dtype!r}")
+    n = n or pick(full=8192, smoke=256)
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    device = "cuda" if HAS_CUDA else "cpu"
+    a = torch.randn(n, n, device=device, dtype=_MATMUL_DTYPES[dtype])
+    b = torch.randn(n, n, device=device, dtype=_MATMUL_DTYPES[dtype])
+    out = torch.empty(n, n, device=device, dtype=a.dtype)
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
+    try:
+        timing = time_fn(lambda: torch.matmul(a, b, out=out))
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    return {"what": "matmul", "dtype": dtype, "n": n, "ms": timing.ms, "tflops": timing.tflops(2.0 * n**3)}

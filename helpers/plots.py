@@ -1,0 +1,63 @@
+"""The course's matplotlib style: readable sizes, light grids, units on every axis."""
+from __future__ import annotations
+
+import matplotlib as mpl
+import matplotlib.pyplot as plt
+
+STYLE = {
+    "figure.figsize": (8.0, 4.5),
+    "figure.dpi": 100,
+    "savefig.dpi": 100,
+    "savefig.bbox": "tight",
+    "axes.grid": True,
+    "axes.grid.which": "both",
+    "grid.alpha": 0.25,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.titlesize": 12,
+    "axes.labelsize": 11,
+    "legend.fontsize": 9,
+    "legend.frameon": False,
+    "lines.linewidth": 2.0,
+    "lines.markersize": 5,
+}
+
+
+def use_course_style() -> None:
+    """Apply the course style to every figure made after this call."""
+    mpl.rcParams.update(STYLE)
+
+
+def labelled_axes(title: str, xlabel: str, ylabel: str, *, logx: bool = False, logy: bool = False,
+                  ax: plt.Axes | None = None) -> plt.Axes:
+    """An axes with a title and axis labels (put units in brackets: "bandwidth [GB/s]")."""
+    for what, text in (("title", title), ("xlabel", xlabel), ("ylabel", ylabel)):
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{what} must be a non-empty string")
+    if ax is None:
+        _, ax = plt.subplots()
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    return ax
+
+
+def bar_against(ax: plt.Axes, labels: list[str], measured: list[float], reference: list[float | None],
+                unit: str) -> None:
+    """Measured bars beside their datasheet references, each measured bar labelled with its % of the reference."""
+    if not (len(labels) == len(measured) == len(reference)):
+        raise ValueError("labels, measured and reference must have the same length")
+    xs = range(len(labels))
+    width = 0.38
+    ax.bar([x - width / 2 for x in xs], [r or 0 for r in reference], width, label="datasheet", color="0.75")
+    bars = ax.bar([x + width / 2 for x in xs], measured, width, label="measured", color="C0")
+    for bar, m, r in zip(bars, measured, reference):
+        note = f"{m:,.0f} {unit}" + (f"\n{100 * m / r:.0f}%" if r else "")
+        ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(xs), labels)
+    ax.set_ylabel(unit)
+    ax.legend()

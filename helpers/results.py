@@ -1,0 +1,158 @@
+"""The one reader and writer of ``results/<gpu>/<topic>.json``.
+
+A file holds ``{"provenance": {...}, "records": [flat dicts]}``. Full-scale runs write to the
+repository's ``results/``; smoke-scale runs write to ``.smoke-results/`` (git-ignored), so a CPU
+or smoke run can never overwrite a GPU measurement. ``COURSE_RESULTS_DIR`` overrides both.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .device import HAS_CUDA, SCALE, gpu_name
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+_TOPIC = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
+_PACKAGES = ("triton", "bitsandbytes", "transformers", "peft")
+
+
+def results_dir(scale: str | None = None) -> Path:
+    """Where results of this scale live: ``results/`` for full runs, ``.smoke-results/`` otherwise."""
+    if os.environ.get("COURSE_RESULTS_DIR"):
+        return Path(os.environ["COURSE_RESULTS_DIR"])
+    return REPO_ROOT / ("results" if (scale or SCALE) == "full" else ".smoke-results")
+
+
+def gpu_slug(name: str | None = None, count: int | None = None) -> str:
+    """Short folder name for a device: "NVIDIA H200" -> "h200", two of them -> "h200x2", no GPU -> "cpu"."""
+    name = name if name is not None else gpu_name()
+    count = count if count is not None else (torch.cuda.device_count() if HAS_CUDA else 1)
+    slug = re.sub(r"^(nvidia|tesla)\s+", "", name.strip().lower())
+    slug = re.sub(r"[^a-z0-9]+", "-", slug).strip("-") or "unknown"
+    return f"{slug}x{count}" if count > 1 else slug
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _driver_version() -> str | None:
+    if not HAS_CUDA:
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML missing or unusable: the record says so rather than failing the run
+        return None
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def provenance() -> dict:
+    """What produced a measurement: GPU, driver, CUDA, package versions, commit, time, scale."""
+    info = {
+        "gpu": gpu_name(),
+        "gpu_count": torch.cuda.device_count() if HAS_CUDA else 0,
+        "driver": _driver_version(),
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        **{pkg: _version(pkg) for pkg in _PACKAGES},
+        "python": platform.python_version(),
+        "git_commit": _git_commit(),
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "scale": SCALE,
+    }
+    return info
+
+
+@dataclass(frozen=True)
+class Result:
+    """A results file read back."""
+
+    path: Path
+    provenance: dict
+    records: list[dict]
+
+    def where(self, **fields) -> list[dict]:
+        """The records whose fields equal all of ``fields``."""
+        return [r for r in self.records if all(r.get(k) == v for k, v in fields.items())]
+
+    def describe(self) -> str:
+        p = self.provenance
+        return (f"{p.get('gpu')} (driver {p.get('driver')}, CUDA {p.get('cuda')}, torch {p.get('torch')}, "
+                f"triton {p.get('triton')}), commit {str(p.get('git_commit'))[:12]}, {p.get('timestamp')}")
+
+
+def _check_topic(topic: str) -> None:
+    if not isinstance(topic, str) or not _TOPIC.match(topic):
+        raise ValueError(f"topic must be lower-case letters, digits, '_' or '-', got {topic!r}")
+
+
+def _check_records(records: list[dict]) -> None:
+    if not isinstance(records, list) or not records:
+        raise ValueError("records must be a non-empty list of dicts")
+    for i, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise TypeError(f"record {i} is a {type(record).__name__}, not a dict")
+        for key, value in record.items():
+            if not isinstance(key, str):
+                raise TypeError(f"record {i}: key {key!r} is not a string")
+            if value is not None and not isinstance(value, (str, int, float, bool)):
+                raise TypeError(f"record {i}: field {key!r} holds a {type(value).__name__}; records are flat "
+                                "(str, int, float, bool or None)")
+
+
+def path_for(topic: str, gpu: str | None = None, scale: str | None = None) -> Path:
+    """The file that holds ``topic`` for ``gpu`` (a slug such as "h200"; this machine's by default)."""
+    _check_topic(topic)
+    return results_dir(scale) / (gpu or gpu_slug()) / f"{topic}.json"
+
+
+def save(topic: str, records: list[dict]) -> Path:
+    """Write ``records`` with this run's provenance to ``results/<gpu>/<topic>.json`` (atomically)."""
+    _check_records(records)
+    path = path_for(topic)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    payload = {"provenance": provenance(), "records": records}
+    tmp.write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def load(topic: str, gpu: str | None = None, scale: str = "full") -> Result:
+    """Read ``results/<gpu>/<topic>.json`` (committed GPU results by default)."""
+    path = path_for(topic, gpu, scale)
+    if not path.exists():
+        known = sorted(p.parent.name for p in results_dir(scale).glob(f"*/{topic}.json"))
+        raise FileNotFoundError(f"no results for topic {topic!r} on {gpu or gpu_slug()!r} at {path}; "
+                                f"available for: {known or 'no GPU yet'}")
+    data = json.loads(path.read_text())
+    return Result(path, data["provenance"], data["records"])

@@ -1,0 +1,29 @@
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from helpers import plots  # noqa: E402
+
+
+def test_style_and_labels():
+    plots.use_course_style()
+    ax = plots.labelled_axes("copy", "working set [bytes]", "bandwidth [GB/s]", logx=True)
+    assert ax.get_xlabel() == "working set [bytes]" and ax.get_xscale() == "log"
+    assert matplotlib.rcParams["axes.grid"]
+    plt.close("all")
+
+
+def test_labels_required():
+    with pytest.raises(ValueError, match="ylabel"):
+        plots.labelled_axes("t", "x [s]", "")
+
+
+def test_bar_against_annotates_percentages():
+    _, ax = plt.subplots()
+    plots.bar_against(ax, ["copy"], [4000.0], [4800.0], "GB/s")
+    assert any("83%" in t.get_text() for t in ax.texts)
+    with pytest.raises(ValueError):
+        plots.bar_against(ax, ["a", "b"], [1.0], [1.0], "GB/s")
+    plt.close("all")

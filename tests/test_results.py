@@ -1,0 +1,67 @@
+import json
+import math
+
+import pytest
+
+from helpers import results
+
+
+@pytest.fixture
+def tmp_results(monkeypatch, tmp_path):
+    monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("name,count,slug", [
+    ("NVIDIA H200", 1, "h200"),
+    ("NVIDIA H200", 2, "h200x2"),
+    ("NVIDIA A100-SXM4-40GB", 1, "a100-sxm4-40gb"),
+    ("Tesla T4", 1, "t4"),
+    ("NVIDIA RTX 6000 Ada Generation", 1, "rtx-6000-ada-generation"),
+    ("cpu", 1, "cpu"),
+])
+def test_gpu_slug(name, count, slug):
+    assert results.gpu_slug(name, count) == slug
+
+
+def test_save_then_load_round_trip(tmp_results):
+    records = [{"what": "copy", "gbps": 4280.5}, {"what": "matmul", "dtype": "bf16", "tflops": 780.0}]
+    path = results.save("ceilings", records)
+    assert path == tmp_results / results.gpu_slug() / "ceilings.json"
+    back = results.load("ceilings", gpu=results.gpu_slug())
+    assert back.records == records
+    assert back.where(what="matmul")[0]["tflops"] == 780.0
+    for key in ("gpu", "driver", "cuda", "torch", "triton", "bitsandbytes", "transformers", "peft", "python",
+                "git_commit", "timestamp", "scale"):
+        assert key in back.provenance, key
+    assert "torch" in back.describe()
+    assert not list(tmp_results.rglob("*.tmp"))
+
+
+def test_records_must_be_flat(tmp_results):
+    with pytest.raises(TypeError, match="flat"):
+        results.save("ceilings", [{"sizes": [1, 2]}])
+    with pytest.raises(ValueError):
+        results.save("ceilings", [])
+    with pytest.raises(ValueError):
+        results.save("ceilings", [{"gbps": math.nan}])
+    with pytest.raises(ValueError, match="topic"):
+        results.save("../escape", [{"a": 1}])
+
+
+def test_missing_topic_names_what_exists(tmp_results):
+    (tmp_results / "h200").mkdir()
+    (tmp_results / "h200" / "ceilings.json").write_text(json.dumps({"provenance": {}, "records": [{"a": 1}]}))
+    with pytest.raises(FileNotFoundError, match="h200"):
+        results.load("ceilings", gpu="l4")
+
+
+def test_smoke_runs_never_write_into_committed_results(monkeypatch):
+    monkeypatch.delenv("COURSE_RESULTS_DIR", raising=False)
+    assert results.results_dir("full") == results.REPO_ROOT / "results"
+    assert results.results_dir("smoke") != results.results_dir("full")
+
+
+def test_provenance_records_versions():
+    p = results.provenance()
+    assert p["torch"] and p["python"] and p["timestamp"]

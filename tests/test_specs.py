@@ -1,0 +1,61 @@
+import pytest
+
+from helpers import specs
+
+REQUIRED = ["V100 SXM2", "A100 40GB SXM", "A100 40GB PCIe", "A100 80GB SXM", "RTX 6000 Ada", "L40S",
+            "RTX 4090", "L4", "T4", "H100 SXM", "H200"]
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_required_cards_have_complete_cited_rows(name):
+    spec = specs.by_name(name)
+    assert spec.source.startswith("http")
+    for field in ("fp16_tflops", "fp32_tflops", "memory_gb", "bandwidth_gbps", "l2_mb", "sms",
+                  "smem_per_sm_kb", "boost_mhz", "tdp_w"):
+        assert getattr(spec, field) > 0, field
+    if spec.bf16_tflops is not None:
+        assert spec.bf16_tflops <= spec.fp16_tflops
+        assert spec.tf32_tflops < spec.bf16_tflops
+
+
+@pytest.mark.parametrize("device_name,expected", [
+    ("NVIDIA H200", "H200"),
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+    ("NVIDIA A100-SXM4-40GB", "A100 40GB SXM"),
+    ("NVIDIA A100-PCIE-40GB", "A100 40GB PCIe"),
+    ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"),
+    ("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada"),
+    ("NVIDIA L40S", "L40S"),
+    ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+    ("NVIDIA L4", "L4"),
+    ("Tesla T4", "T4"),
+    ("Tesla V100-SXM2-32GB", "V100 SXM2"),
+])
+def test_lookup_by_driver_name(device_name, expected):
+    assert specs.lookup(device_name).name == expected
+
+
+def test_lookup_does_not_confuse_similar_names():
+    assert specs.lookup("NVIDIA H200 NVL") is None  # a different power/clock envelope: not in the table
+    assert specs.lookup("NVIDIA L40") is None
+    assert specs.lookup("NVIDIA RTX A6000") is None
+
+
+def test_lookup_rejects_bad_input():
+    with pytest.raises(ValueError):
+        specs.lookup("")
+    with pytest.raises(KeyError, match="known"):
+        specs.by_name("GTX 480")
+
+
+def test_ridge_points_the_course_quotes():
+    # notebook 02 compares these three: about 200, 380 and 206 FLOP/byte
+    assert specs.by_name("A100 40GB SXM").ridge_flops_per_byte == pytest.approx(200, rel=0.02)
+    assert specs.by_name("RTX 6000 Ada").ridge_flops_per_byte == pytest.approx(380, rel=0.02)
+    assert specs.by_name("H200").ridge_flops_per_byte == pytest.approx(206, rel=0.02)
+
+
+def test_seed_cards_facts():
+    a100, ada = specs.by_name("A100 40GB SXM"), specs.by_name("RTX 6000 Ada")
+    assert (a100.nvlink_gbps, a100.mig_slices, a100.tdp_w) == (600, 7, 400)
+    assert (ada.nvlink_gbps, ada.mig_slices, ada.memory_gb, ada.tdp_w) == (None, 0, 48, 300)
