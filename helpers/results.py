@@ -64,6 +64,9 @@ def _driver_version() -> str | None:
 
 
 def _git_commit() -> str | None:
+    """HEAD of the checkout (with "-dirty" if tracked files changed); COURSE_GIT_COMMIT where no .git travelled."""
+    if os.environ.get("COURSE_GIT_COMMIT"):
+        return os.environ["COURSE_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
