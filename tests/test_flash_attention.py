@@ -1,0 +1,95 @@
+import math
+
+import pytest
+import torch
+
+from helpers import HAS_CUDA
+from helpers.kernels.flash_attention import attention_reference, flash_attention
+
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+# relative error ||out - ref|| / ||ref|| against float64; fp32 runs only in the CPU interpreter
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
+DTYPES = [torch.float16, torch.bfloat16] if HAS_CUDA else [torch.float32, torch.float16]
+
+
+def rel_err(out, ref):
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Every buffer the kernels allocate starts as NaN, so an element no program wrote fails the check."""
+    empty_like, empty = torch.empty_like, torch.empty
+    monkeypatch.setattr(torch, "empty_like", lambda t, **kw: empty_like(t, **kw).fill_(math.nan))
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(math.nan))
+
+
+CASES = [  # B, H, H_kv, S_q, S_k, D, causal
+    (1, 2, 2, 37, 37, 64, False),
+    (2, 2, 2, 50, 50, 64, True),
+    (1, 4, 1, 33, 70, 64, False),   # GQA (4 query heads share 1 K/V head), S_q != S_k
+    (1, 4, 2, 21, 45, 64, True),    # GQA, causal aligned bottom-right
+    (1, 2, 2, 70, 19, 64, False),   # more queries than keys
+    (1, 1, 1, 40, 40, 128, True),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("B,H,HKV,SQ,SK,D,causal", CASES)
+def test_forward_and_backward_match_float64(poisoned_outputs, dtype, B, H, HKV, SQ, SK, D, causal):
+    torch.manual_seed(SQ * 131 + SK)
+    q = torch.randn(B, H, SQ, D, device=DEVICE, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, HKV, SK, D, device=DEVICE, dtype=dtype, requires_grad=True)
+    v = torch.randn(B, HKV, SK, D, device=DEVICE, dtype=dtype, requires_grad=True)
+    do = torch.randn(B, H, SQ, D, device=DEVICE, dtype=dtype)
+
+    out = flash_attention(q, k, v, causal=causal)
+    out.backward(do)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attention_reference(q64, k64, v64, causal=causal)
+    ref.backward(do.double())
+
+    tol = TOLERANCE[dtype]
+    assert rel_err(out, ref) < tol
+    for name, got, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
+        assert torch.isfinite(got).all(), name
+        assert rel_err(got, want) < tol, name
+
+
+def test_reference_agrees_with_sdpa_where_conventions_meet():
+    q, k, v = (torch.randn(1, 2, 24, 64, dtype=torch.float64) for _ in range(3))
+    for causal in (False, True):
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        assert torch.allclose(attention_reference(q, k, v, causal=causal), want)
+
+
+def test_empty_query_returns_empty():
+    q = torch.randn(1, 2, 0, 64, device=DEVICE, dtype=DTYPES[0])
+    k = torch.randn(1, 2, 5, 64, device=DEVICE, dtype=DTYPES[0])
+    assert flash_attention(q, k, k).shape == (1, 2, 0, 64)
+
+
+@pytest.mark.parametrize("shapes,kwargs,message", [
+    (((2, 8, 64), (2, 8, 64), (2, 8, 64)), {}, "4-D"),
+    (((1, 3, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)), {}, "multiple"),
+    (((1, 2, 8, 96), (1, 2, 8, 96), (1, 2, 8, 96)), {}, "head_dim 96"),
+    (((1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 9, 64)), {}, "same shape"),
+    (((2, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)), {}, "batch"),
+    (((1, 2, 9, 64), (1, 2, 8, 64), (1, 2, 8, 64)), {"causal": True}, "S_q <= S_k"),
+    (((1, 2, 4, 64), (1, 2, 0, 64), (1, 2, 0, 64)), {}, "no keys"),
+])
+def test_bad_shapes_are_named(shapes, kwargs, message):
+    q, k, v = (torch.randn(*s, device=DEVICE, dtype=DTYPES[0]) for s in shapes)
+    with pytest.raises(ValueError, match=message):
+        flash_attention(q, k, v, **kwargs)
+
+
+def test_bad_dtypes_and_layouts_are_named():
+    q = torch.randn(1, 2, 8, 64, device=DEVICE, dtype=DTYPES[0])
+    with pytest.raises(TypeError, match="share a dtype"):
+        flash_attention(q, q.to(torch.float64 if not HAS_CUDA else torch.float32).to(DTYPES[1]), q)
+    with pytest.raises(TypeError, match="int"):
+        flash_attention(q.int(), q.int(), q.int())
+    with pytest.raises(ValueError, match="contiguous"):
+        t = torch.randn(1, 2, 64, 8, device=DEVICE, dtype=DTYPES[0]).transpose(-1, -2)
+        flash_attention(t, t, t)
