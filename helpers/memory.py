@@ -57,7 +57,7 @@ def hierarchy_rows(c: Card) -> list[dict]:
          f"(one block: up to {c.smem_per_block_bytes // 1024} KB)",
          "whole card": f"{c.sms * c.smem_per_sm_bytes / 2**20:.1f} MB", "seed's picture": "workbench"},
         {"level": "L2 cache", "per SM": "shared by all SMs", "whole card": f"{c.l2_bytes / 2**20:.0f} MB",
-         "seed's picture": "(the shelf by the door)"},
+         "seed's picture": "(not in the picture)"},
         {"level": "HBM", "per SM": "shared by all SMs", "whole card": f"{c.hbm_bytes / 2**30:.0f} GiB"
          + (f", {c.hbm_datasheet_gbps:,.0f} GB/s datasheet" if c.hbm_datasheet_gbps else ""),
          "seed's picture": "warehouse"},
@@ -128,10 +128,12 @@ def latency_ladder(working_sets: list[int], *, min_steps: int | None = None, ful
     return records
 
 
-def level_windows(l2_bytes: int) -> dict[str, tuple[float, float]]:
-    """Working-set ranges (bytes) read as one level: L1 (a few KB), L2 (1 MiB to half the L2) and
-    HBM (four times the L2 and beyond)."""
-    return {"L1": (0, 32 * 1024), "L2": (2**20, l2_bytes / 2), "HBM": (4 * l2_bytes, math.inf)}
+def level_windows(l2_bytes: int, l1_max: int = 32 * 1024, l2_min: int = 2**20) -> dict[str, tuple[float, float]]:
+    """Working-set ranges (bytes) read as one level: L1 (up to ``l1_max``), L2 (``l2_min`` to half
+    the L2) and HBM (four times the L2 and beyond)."""
+    if not 0 < l1_max < l2_min <= l2_bytes / 2:
+        raise ValueError(f"need 0 < l1_max < l2_min <= l2_bytes / 2, got {l1_max}, {l2_min}, {l2_bytes}")
+    return {"L1": (0, l1_max), "L2": (l2_min, l2_bytes / 2), "HBM": (4 * l2_bytes, math.inf)}
 
 
 def level_value(records: list[dict], key: str, window: tuple[float, float]) -> float:
@@ -158,7 +160,7 @@ def plot_bandwidth(records: list[dict], l2_bytes: int, hbm_datasheet_gbps: float
                        "read bandwidth [GB/s]", logx=True, ax=ax)
     ws = [r["working_set_bytes"] for r in records]
     ax.plot(ws, [r["gbps"] for r in records], "o-", label="measured (sum over the buffer, many passes)")
-    ax.axvline(l2_bytes, color="C3", ls="--", lw=1, label=f"L2 size ({l2_bytes / 2**20:.0f} MB)")
+    ax.axvline(l2_bytes, color="C3", ls="--", lw=1, label=f"L2 size ({bytes_label(l2_bytes)})")
     if hbm_datasheet_gbps:
         ax.axhline(hbm_datasheet_gbps, color="0.5", ls=":", lw=1, label=f"HBM datasheet ({hbm_datasheet_gbps:,.0f} GB/s)")
     for value, name, color in ((l2_gbps, "L2 plateau", "C1"), (hbm_gbps, "HBM plateau", "C2")):
@@ -168,7 +170,7 @@ def plot_bandwidth(records: list[dict], l2_bytes: int, hbm_datasheet_gbps: float
         ax.annotate(f"leaving L2: {l2_gbps / hbm_gbps:.1f}x slower", xy=(l2_bytes, (l2_gbps + hbm_gbps) / 2),
                     xytext=(12, 0), textcoords="offset points", fontsize=10, color="C3")
     ax.set_xticks([2**p for p in range(int(math.log2(min(ws))), int(math.log2(max(ws))) + 1, 2)])
-    ax.set_xticklabels([_bytes_label(2**p) for p in range(int(math.log2(min(ws))), int(math.log2(max(ws))) + 1, 2)])
+    ax.set_xticklabels([bytes_label(2**p) for p in range(int(math.log2(min(ws))), int(math.log2(max(ws))) + 1, 2)])
     ax.set_ylim(bottom=0)
     ax.legend(loc="lower left")
     return ax
@@ -182,17 +184,18 @@ def plot_latency(records: list[dict], l2_bytes: int, levels: dict[str, float], a
                        "latency [ns per load]", logx=True, logy=True, ax=ax)
     ws = [r["working_set_bytes"] for r in records]
     ax.plot(ws, [max(r["ns_per_load"], 1e-3) for r in records], "o-", label="pointer chase (one thread)")
-    ax.axvline(l2_bytes, color="C3", ls="--", lw=1, label=f"L2 size ({l2_bytes / 2**20:.0f} MB)")
+    ax.axvline(l2_bytes, color="C3", ls="--", lw=1, label=f"L2 size ({bytes_label(l2_bytes)})")
     for i, (name, value) in enumerate(levels.items()):
         if math.isfinite(value) and value > 0:
             ax.axhline(value, color=f"C{i + 1}", lw=1, alpha=0.6, label=f"{name}: {value:,.0f} ns")
     ax.set_xticks([2**p for p in range(int(math.log2(min(ws))), int(math.log2(max(ws))) + 1, 2)])
-    ax.set_xticklabels([_bytes_label(2**p) for p in range(int(math.log2(min(ws))), int(math.log2(max(ws))) + 1, 2)])
+    ax.set_xticklabels([bytes_label(2**p) for p in range(int(math.log2(min(ws))), int(math.log2(max(ws))) + 1, 2)])
     ax.legend(loc="upper left")
     return ax
 
 
-def _bytes_label(n: int) -> str:
+def bytes_label(n: float) -> str:
+    """A byte count for people: "64 KB", "1.5 MB", "4 GB" (binary units)."""
     for unit, size in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
         if n >= size:
             return f"{n / size:g} {unit}"

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from . import bench, specs
-from .device import DEVICE, pick
+from .device import DEVICE, HAS_CUDA, gpu_name, pick
 from .kernels import intensity_dial
 
 
@@ -45,6 +45,16 @@ def spec_roof(spec: specs.GpuSpec, unit: str = "tensor") -> Roof:
         raise ValueError(f"unit must be 'tensor' or 'fp32', got {unit!r}")
     peak = spec.tensor_tflops if unit == "tensor" else spec.fp32_tflops
     return Roof(f"{spec.name} {'bf16 tensor' if unit == 'tensor' else 'fp32'}", peak * 1e3, spec.bandwidth_gbps)
+
+
+def card_spec(stand_in: str = "H200") -> tuple[specs.GpuSpec, str]:
+    """This GPU's datasheet row and a note on where it came from; without a GPU (or without a row for
+    it) the row ``stand_in``, labelled as such."""
+    spec = specs.lookup(gpu_name()) if HAS_CUDA else None
+    if spec is not None:
+        return spec, f"datasheet row {spec.name!r} for {gpu_name()}"
+    why = "no GPU here" if not HAS_CUDA else f"no datasheet row for {gpu_name()}"
+    return specs.by_name(stand_in), f"{why}: datasheet row {stand_in!r} stands in"
 
 
 # FLOPs per element (tanh and exp counted as one operation each): the counting convention of the course.

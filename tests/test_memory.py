@@ -25,6 +25,9 @@ def test_level_windows_and_values():
     assert memory.level_value(recs, "gbps", w["L2"]) == 2.0  # median of 1, 2, 3
     assert memory.level_value(recs, "gbps", w["HBM"]) == 4.0
     assert math.isnan(memory.level_value(recs, "gbps", (1, 2)))
+    assert memory.level_windows(2**15, l1_max=4096, l2_min=8192)["L2"] == (8192, 2**14)
+    with pytest.raises(ValueError):
+        memory.level_windows(2**20, l2_min=2**20)
 
 
 def test_littles_law():

@@ -64,6 +64,11 @@ def test_knee_on_a_synthetic_roofline():
         roofline.knee(recs[:1])
 
 
+def test_card_spec_names_its_source():
+    spec, note = roofline.card_spec()
+    assert isinstance(spec, specs.GpuSpec) and spec.name in note
+
+
 def test_generations_and_plot():
     import matplotlib
 
