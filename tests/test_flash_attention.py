@@ -18,10 +18,15 @@ def rel_err(out, ref):
 
 @pytest.fixture
 def poisoned_outputs(monkeypatch):
-    """Every buffer the kernels allocate starts as NaN, so an element no program wrote fails the check."""
+    """Every float buffer the kernels allocate starts as NaN, so an element no program wrote fails the check.
+    (Integer buffers, such as the autotuner's L2-flush buffer, are left alone.)"""
     empty_like, empty = torch.empty_like, torch.empty
-    monkeypatch.setattr(torch, "empty_like", lambda t, **kw: empty_like(t, **kw).fill_(math.nan))
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(math.nan))
+
+    def poison(t):
+        return t.fill_(math.nan) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty_like", lambda t, **kw: poison(empty_like(t, **kw)))
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
 
 
 CASES = [  # B, H, H_kv, S_q, S_k, D, causal

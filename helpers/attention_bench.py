@@ -1,0 +1,117 @@
+"""Attention implementations side by side: FLOP counts, timings and peak memory.
+
+FLOPs follow the FlashAttention papers' convention: forward 4·B·H·S_q·S_k·D (two matrix products),
+halved when causal; backward 2.5 times the forward (five products, one of them the recomputation).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .bench import time_fn
+from .device import HAS_CUDA
+from .kernels.flash_attention import attention_reference, flash_attention
+
+IMPLS = ("triton", "naive", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
+
+
+def attention_flops(B: int, H: int, S_q: int, S_k: int, D: int, causal: bool, pass_: str = "fwd") -> float:
+    """FLOPs of one attention call by the FlashAttention papers' convention."""
+    if pass_ not in ("fwd", "bwd", "fwd+bwd"):
+        raise ValueError(f"pass_ must be 'fwd', 'bwd' or 'fwd+bwd', got {pass_!r}")
+    fwd = 4.0 * B * H * S_q * S_k * D * (0.5 if causal else 1.0)
+    return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd+bwd": 3.5 * fwd}[pass_]
+
+
+def _sdpa(backend_name: str) -> Callable:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+               "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[backend_name]
+
+    def run(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
+
+    return run
+
+
+def implementation(name: str) -> Callable:
+    """``f(q, k, v, causal) -> out`` for one of :data:`IMPLS`."""
+    if name == "triton":
+        return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal)
+    if name == "naive":
+        return lambda q, k, v, causal: attention_reference(q, k, v, causal=causal)
+    if name in IMPLS:
+        return _sdpa(name)
+    raise ValueError(f"unknown attention implementation {name!r}; known: {IMPLS}")
+
+
+def make_inputs(B: int, H: int, S: int, D: int, dtype: torch.dtype, H_kv: int | None = None,
+                device: str | None = None, requires_grad: bool = True) -> tuple[torch.Tensor, ...]:
+    """Random q, k, v (B, H[_kv], S, D) and an output gradient dO."""
+    device = device or ("cuda" if HAS_CUDA else "cpu")
+    H_kv = H_kv or H
+    q = torch.randn(B, H, S, D, device=device, dtype=dtype, requires_grad=requires_grad)
+    k = torch.randn(B, H_kv, S, D, device=device, dtype=dtype, requires_grad=requires_grad)
+    v = torch.randn(B, H_kv, S, D, device=device, dtype=dtype, requires_grad=requires_grad)
+    do = torch.randn(B, H, S, D, device=device, dtype=dtype)
+    return q, k, v, do
+
+
+def _step(fn: Callable, q, k, v, do, causal: bool, pass_: str) -> Callable[[], object]:
+    if pass_ == "fwd":
+        def run():
+            with torch.no_grad():
+                return fn(q, k, v, causal)
+    else:
+        def run():
+            q.grad = k.grad = v.grad = None
+            fn(q, k, v, causal).backward(do)
+    return run
+
+
+def peak_memory_bytes(run: Callable[[], object]) -> int:
+    """Bytes allocated at the peak of ``run()`` above what was allocated before it (CUDA only)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    run()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def measure(impl: str, B: int, H: int, S: int, D: int, causal: bool, dtype: torch.dtype, pass_: str,
+            H_kv: int | None = None, **time_kwargs) -> dict:
+    """One results record: time, TFLOP/s and peak extra memory of one implementation on one shape.
+
+    An implementation that runs out of memory or has no kernel for the shape is a result too: its
+    record has ``status`` "oom" or "unsupported" and no time.
+    """
+    fn = implementation(impl)
+    q, k, v, do = make_inputs(B, H, S, D, dtype, H_kv)
+    record = {"impl": impl, "pass": pass_, "B": B, "H": H, "S": S, "D": D, "causal": causal,
+              "dtype": str(dtype).removeprefix("torch."), "status": "ok", "ms": None, "tflops": None,
+              "peak_mem_bytes": None}
+    run = _step(fn, q, k, v, do, causal, pass_)
+    try:
+        with (torch.cuda.device(q.device) if HAS_CUDA else contextlib.nullcontext()):
+            record["peak_mem_bytes"] = peak_memory_bytes(run) if HAS_CUDA else None
+            timing = time_fn(run, **time_kwargs)
+    except torch.cuda.OutOfMemoryError:
+        record["status"] = "oom"
+    except RuntimeError as error:  # SDPA: "No available kernel" for a forced backend
+        if "No available kernel" not in str(error) and "not supported" not in str(error).lower():
+            raise
+        record["status"] = "unsupported"
+    else:
+        record["ms"] = timing.ms
+        record["tflops"] = timing.tflops(attention_flops(B, H, S, S, D, causal, pass_))
+    finally:
+        del q, k, v, do, run
+        if HAS_CUDA:
+            torch.cuda.empty_cache()
+    return record

@@ -1,0 +1,36 @@
+import pytest
+import torch
+
+from helpers import HAS_CUDA
+from helpers.attention_bench import attention_flops, implementation, make_inputs, measure
+
+
+def test_flop_convention():
+    fwd = attention_flops(4, 32, 4096, 4096, 128, causal=False)
+    assert fwd == 4 * 4 * 32 * 4096 * 4096 * 128
+    assert attention_flops(4, 32, 4096, 4096, 128, causal=True) == fwd / 2
+    assert attention_flops(1, 1, 8, 8, 64, False, "fwd+bwd") == 3.5 * attention_flops(1, 1, 8, 8, 64, False)
+    with pytest.raises(ValueError):
+        attention_flops(1, 1, 8, 8, 64, False, "bwd2")
+
+
+def test_unknown_implementation_is_named():
+    with pytest.raises(ValueError, match="known"):
+        implementation("xformers")
+
+
+def test_triton_and_naive_agree():
+    dtype = torch.float16 if HAS_CUDA else torch.float32
+    q, k, v, _ = make_inputs(1, 2, 40, 64, dtype, requires_grad=False)
+    a = implementation("triton")(q, k, v, True)
+    b = implementation("naive")(q, k, v, True)
+    assert ((a.double() - b.double()).norm() / b.double().norm()).item() < 5e-3
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "fwd+bwd"])
+def test_measure_record(pass_):
+    dtype = torch.float16 if HAS_CUDA else torch.float32
+    r = measure("naive", 1, 2, 32, 64, False, dtype, pass_, warmup_ms=0, rep_ms=1, min_reps=2)
+    assert r["status"] == "ok" and r["ms"] > 0 and r["tflops"] > 0
+    assert {k: r[k] for k in ("impl", "pass", "B", "H", "S", "D", "causal")} == \
+        {"impl": "naive", "pass": pass_, "B": 1, "H": 2, "S": 32, "D": 64, "causal": False}
