@@ -1,0 +1,462 @@
+"""``LayerNorm(GELU(x + bias))`` fused into one Triton kernel, forward and backward.
+
+Forward: one read of ``x`` and one write of ``y`` (plus 8 bytes per row of statistics, kept for the
+backward). Every program loads ``ROWS`` rows into registers, adds the bias, applies GELU, computes
+the row mean and variance in fp32 (two-pass, on the values in registers), normalises, applies the
+optional affine weight and bias, and stores in the input's dtype. Rows wider than one block are
+walked in chunks: a first pass merges per-chunk statistics (Chan's formula), a second pass recomputes
+GELU and writes.
+
+Backward: one read of ``x`` and ``dy``, one write of ``dx``. GELU and the normalised values are
+recomputed from ``x`` and the saved mean/rstd. The gradients of the three length-N parameters are
+column sums over all rows: each program accumulates its rows' share in registers and writes one row
+of partial sums; a second small kernel adds the partial rows in a fixed order (deterministic).
+
+GELU variants (``gelu=``): ``"erf"`` the exact definition through the library ``erf``;
+``"erf_fast"`` the same function with ``erf`` replaced by Abramowitz & Stegun 7.1.26 (one
+reciprocal, one exp2, five FMAs; absolute error of GELU below 1e-6, far under bf16/fp16 rounding:
+see the tests and notebook 04); ``"tanh"`` PyTorch's ``approximate="tanh"``; ``"none"`` skips GELU
+(for ablations). ``"auto"`` = ``erf_fast`` for 16-bit storage, ``erf`` for fp32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import device as _device  # noqa: F401  (sets TRITON_INTERPRET before the kernels are defined)
+
+GELU_MODES = {"none": 0, "erf": 1, "erf_fast": 2, "tanh": 3}
+AUTO_GELU = {torch.float32: "erf", torch.float16: "erf_fast", torch.bfloat16: "erf_fast"}
+DTYPES = tuple(AUTO_GELU)
+MAX_N = 1 << 20  # widest row accepted (the chunked path handles any width; this bounds the partial sums' memory)
+MAX_BLOCK_FWD = 16384  # widest row held in registers by one program in the forward
+MAX_BLOCK_BWD = 8192  # ... and in the backward (three fp32 accumulators per element besides the data)
+# The fast erf's promise, checked on a dense sweep by the tests and notebook 04:
+# |GELU_fast(v) - GELU(v)| <= max(FAST_GELU_ABS, FAST_GELU_REL * |GELU(v)|). bf16 rounds a stored value by up to
+# 2**-9 of it and fp16 by up to 2**-11, so the approximation sits 8x (bf16) and 2x (fp16) under the rounding.
+FAST_GELU_ABS = 2.0**-20
+FAST_GELU_REL = 2.0**-12
+
+
+# ----------------------------------------------------------------------------------------- GELU
+@triton.jit
+def _phi_fast(v):
+    """Phi(v) (the normal CDF) and exp(-v^2/2), with erfc from Abramowitz & Stegun 7.1.26."""
+    e = tl.exp2(v * v * -0.7213475204444817)                  # exp(-v^2/2)
+    t = 1.0 / (1.0 + 0.2316418882663604 * tl.abs(v))           # 1 / (1 + p |v| / sqrt 2)
+    h = t * (0.127414796 + t * (-0.142248368 + t * (0.7107068705 + t * (-0.7265760135 + t * 0.5307027145))))
+    h = h * e                                                  # = Phi(-|v|) = erfc(|v|/sqrt 2) / 2
+    return tl.where(v >= 0, 1.0 - h, h), e
+
+
+@triton.jit
+def _gelu(v, GELU: tl.constexpr):
+    """GELU(v) in fp32; GELU selects the variant (see GELU_MODES)."""
+    if GELU == 1:
+        g = 0.5 * v * (1.0 + tl.erf(v * 0.7071067811865476))
+    elif GELU == 2:
+        phi, _ = _phi_fast(v)
+        g = v * phi
+    elif GELU == 3:
+        g = v / (1.0 + tl.exp2(-v * (2.302208198144325 + 0.1029432395800235 * v * v)))
+    else:
+        g = v
+    return g
+
+
+@triton.jit
+def _gelu_and_grad(v, GELU: tl.constexpr):
+    """GELU(v) and its derivative dGELU/dv, in fp32."""
+    if GELU == 1:
+        phi = 0.5 * (1.0 + tl.erf(v * 0.7071067811865476))
+        g = v * phi
+        dg = phi + v * 0.3989422804014327 * tl.exp2(v * v * -0.7213475204444817)
+    elif GELU == 2:
+        phi, e = _phi_fast(v)
+        g = v * phi
+        dg = phi + v * 0.3989422804014327 * e
+    elif GELU == 3:
+        s = 1.0 / (1.0 + tl.exp2(-v * (2.302208198144325 + 0.1029432395800235 * v * v)))
+        g = v * s
+        dg = s + v * s * (1.0 - s) * (0.6931471805599453 * (2.302208198144325 + 0.3088297187400705 * v * v))
+    else:
+        g = v
+        dg = tl.full(v.shape, 1.0, tl.float32)
+    return g, dg
+
+
+# -------------------------------------------------------------------------------------- forward
+@triton.jit
+def _forward_kernel(X, B, W, LB, Y, MEAN, RSTD, M, N, eps,
+                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, GELU: tl.constexpr,
+                    LAYERNORM: tl.constexpr, HAS_W: tl.constexpr, HAS_LB: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < M
+    row_off = rows.to(tl.int64)[:, None] * N
+    cols = tl.arange(0, BLOCK_N)
+    if SINGLE:  # the whole row sits in registers: one read, one write
+        col_ok = cols < N
+        mask = row_ok[:, None] & col_ok[None, :]
+        x = tl.load(X + row_off + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)
+        y = _gelu(x + b[None, :], GELU)  # 0 in masked lanes: GELU(0) = 0
+        if LAYERNORM:
+            mean = tl.sum(y, axis=1) / N
+            d = tl.where(mask, y - mean[:, None], 0.0)
+            rstd = tl.rsqrt(tl.sum(d * d, axis=1) / N + eps)
+            y = d * rstd[:, None]
+            if HAS_W:
+                y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            if HAS_LB:
+                y = y + tl.load(LB + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            tl.store(MEAN + rows, mean, mask=row_ok)
+            tl.store(RSTD + rows, rstd, mask=row_ok)
+        tl.store(Y + row_off + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    else:  # a row wider than one block: statistics chunk by chunk, then normalise chunk by chunk
+        mean = tl.zeros([ROWS], dtype=tl.float32)
+        rstd = tl.full([ROWS], 1.0, tl.float32)
+        if LAYERNORM:
+            m2 = tl.zeros([ROWS], dtype=tl.float32)
+            count = 0.0
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_ok[:, None] & (c < N)[None, :]
+                x = tl.load(X + row_off + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                b = tl.load(B + c, mask=c < N, other=0.0).to(tl.float32)
+                g = _gelu(x + b[None, :], GELU)
+                n_c = tl.minimum(N - start, BLOCK_N).to(tl.float32)
+                c_mean = tl.sum(g, axis=1) / n_c
+                d = tl.where(mask, g - c_mean[:, None], 0.0)
+                total = count + n_c
+                delta = c_mean - mean
+                mean = mean + delta * (n_c / total)
+                m2 = m2 + tl.sum(d * d, axis=1) + delta * delta * (count * n_c / total)
+                count = total
+            rstd = tl.rsqrt(m2 / N + eps)
+            tl.store(MEAN + rows, mean, mask=row_ok)
+            tl.store(RSTD + rows, rstd, mask=row_ok)
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            c_ok = c < N
+            mask = row_ok[:, None] & c_ok[None, :]
+            x = tl.load(X + row_off + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            b = tl.load(B + c, mask=c_ok, other=0.0).to(tl.float32)
+            y = _gelu(x + b[None, :], GELU)
+            if LAYERNORM:
+                y = (y - mean[:, None]) * rstd[:, None]
+                if HAS_W:
+                    y = y * tl.load(W + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+                if HAS_LB:
+                    y = y + tl.load(LB + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+            tl.store(Y + row_off + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+# ------------------------------------------------------------------------------------- backward
+@triton.jit
+def _backward_kernel(X, B, W, DY, MEAN, RSTD, DX, PART, M, N,
+                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, GELU: tl.constexpr,
+                     HAS_W: tl.constexpr):
+    """Program p walks row blocks p, p + P, ...; PART[k, p, :] gets its partial column sums of
+    k = 0: d(bias) = dv, 1: d(weight) = dy * xhat, 2: d(ln_bias) = dy."""
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    part_b = PART + pid * N
+    part_w = PART + (n_prog + pid) * N
+    part_lb = PART + (2 * n_prog + pid) * N
+    if SINGLE:
+        col_ok = cols < N
+        b = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if HAS_W:
+            w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+        acc_b = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        acc_w = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        acc_lb = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        for blk in range(pid, tl.cdiv(M, ROWS), n_prog):
+            rows = blk * ROWS + tl.arange(0, ROWS)
+            row_ok = rows < M
+            mask = row_ok[:, None] & col_ok[None, :]
+            offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+            x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+            mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)
+            rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+            g, dg = _gelu_and_grad(x + b[None, :], GELU)
+            xhat = tl.where(mask, (g - mean[:, None]) * rstd[:, None], 0.0)
+            acc_lb += dy
+            acc_w += dy * xhat
+            if HAS_W:
+                dy = dy * w[None, :]
+            c1 = tl.sum(dy * xhat, axis=1) / N
+            c2 = tl.sum(dy, axis=1) / N
+            dv = (dy - c2[:, None] - xhat * c1[:, None]) * rstd[:, None] * dg
+            dv = tl.where(mask, dv, 0.0)
+            tl.store(DX + offs, dv.to(DX.dtype.element_ty), mask=mask)
+            acc_b += dv
+        tl.store(part_b + cols, tl.sum(acc_b, axis=0), mask=col_ok)
+        tl.store(part_w + cols, tl.sum(acc_w, axis=0), mask=col_ok)
+        tl.store(part_lb + cols, tl.sum(acc_lb, axis=0), mask=col_ok)
+    else:  # wide rows: pass 1 gets the two row sums, pass 2 writes dx and adds into this program's partial row
+        for blk in range(pid, tl.cdiv(M, ROWS), n_prog):
+            rows = blk * ROWS + tl.arange(0, ROWS)
+            row_ok = rows < M
+            row_off = rows.to(tl.int64)[:, None] * N
+            mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)
+            rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+            s1 = tl.zeros([ROWS], dtype=tl.float32)
+            s2 = tl.zeros([ROWS], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                c_ok = c < N
+                mask = row_ok[:, None] & c_ok[None, :]
+                x = tl.load(X + row_off + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + row_off + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                b = tl.load(B + c, mask=c_ok, other=0.0).to(tl.float32)
+                g = _gelu(x + b[None, :], GELU)
+                xhat = tl.where(mask, (g - mean[:, None]) * rstd[:, None], 0.0)
+                if HAS_W:
+                    dy = dy * tl.load(W + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+                s1 += tl.sum(dy * xhat, axis=1)
+                s2 += tl.sum(dy, axis=1)
+            c1 = s1 / N
+            c2 = s2 / N
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                c_ok = c < N
+                mask = row_ok[:, None] & c_ok[None, :]
+                x = tl.load(X + row_off + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + row_off + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                b = tl.load(B + c, mask=c_ok, other=0.0).to(tl.float32)
+                g, dg = _gelu_and_grad(x + b[None, :], GELU)
+                xhat = tl.where(mask, (g - mean[:, None]) * rstd[:, None], 0.0)
+                tl.store(part_lb + c, tl.load(part_lb + c, mask=c_ok) + tl.sum(dy, axis=0), mask=c_ok)
+                tl.store(part_w + c, tl.load(part_w + c, mask=c_ok) + tl.sum(dy * xhat, axis=0), mask=c_ok)
+                if HAS_W:
+                    dy = dy * tl.load(W + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+                dv = (dy - c2[:, None] - xhat * c1[:, None]) * rstd[:, None] * dg
+                dv = tl.where(mask, dv, 0.0)
+                tl.store(DX + row_off + c[None, :], dv.to(DX.dtype.element_ty), mask=mask)
+                tl.store(part_b + c, tl.load(part_b + c, mask=c_ok) + tl.sum(dv, axis=0), mask=c_ok)
+
+
+@triton.jit
+def _sum_partials_kernel(PART, OUT_B, OUT_W, OUT_LB, P, N, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """OUT_k[c] = sum over p of PART[k, p, c], always in the same order (deterministic)."""
+    k = tl.program_id(1)
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < N
+    base = PART + k.to(tl.int64) * P * N
+    acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    for start in range(0, P, BLOCK_P):
+        p = start + tl.arange(0, BLOCK_P)
+        mask = (p < P)[:, None] & col_ok[None, :]
+        acc += tl.load(base + p.to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0.0)
+    total = tl.sum(acc, axis=0)
+    if k == 0:
+        tl.store(OUT_B + cols, total.to(OUT_B.dtype.element_ty), mask=col_ok)
+    elif k == 1:
+        tl.store(OUT_W + cols, total.to(OUT_W.dtype.element_ty), mask=col_ok)
+    else:
+        tl.store(OUT_LB + cols, total.to(OUT_LB.dtype.element_ty), mask=col_ok)
+
+
+# ------------------------------------------------------------------------------ launch settings
+@dataclass(frozen=True)
+class Config:
+    """How a launch is cut: ``block_n`` columns per step (the row fits in one block when
+    ``block_n >= N``), ``rows`` rows per program, ``num_warps`` warps per program; for the backward,
+    ``programs_per_sm`` programs per multiprocessor (each loops over row blocks)."""
+
+    block_n: int
+    rows: int
+    num_warps: int
+    programs_per_sm: int = 1
+
+    def __post_init__(self):
+        for name in ("block_n", "rows", "num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"Config.{name} must be a power of two, got {value}")
+        if self.programs_per_sm < 1:
+            raise ValueError(f"Config.programs_per_sm must be >= 1, got {self.programs_per_sm}")
+
+
+def forward_config(n: int, dtype: torch.dtype) -> Config:
+    """The measured table (H200, notebook 04's tuning sweep) for the forward: a whole row in one
+    block up to ``MAX_BLOCK_FWD``; several rows per program while a row is short; warps growing with
+    the row."""
+    block = min(triton.next_power_of_2(n), MAX_BLOCK_FWD)
+    elements = 4096 if dtype == torch.float32 else 8192  # ~16 KB of input per program
+    rows = max(1, min(16, elements // block))
+    warps = max(4, min(16, block * rows // 512))
+    return Config(block, rows, warps)
+
+
+def backward_config(n: int, dtype: torch.dtype) -> Config:
+    """The measured table for the backward (see :func:`forward_config`)."""
+    block = min(triton.next_power_of_2(n), MAX_BLOCK_BWD)
+    rows = max(1, min(8, 2048 // block))
+    warps = max(4, min(16, block * rows // 256))
+    return Config(block, rows, warps, programs_per_sm=2)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: a few programs, so that each one loops over several row blocks
+
+
+# -------------------------------------------------------------------------------- input checks
+def _check(x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor | None, ln_bias: torch.Tensor | None) -> int:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension (..., N); got a 0-d tensor")
+    if x.dtype not in DTYPES:
+        raise TypeError(f"x must be one of {[str(d) for d in DTYPES]}, got {x.dtype}")
+    if not x.is_contiguous():
+        raise ValueError(f"x must be contiguous (got strides {x.stride()} for shape {tuple(x.shape)}); "
+                         "call .contiguous() first")
+    n = x.shape[-1]
+    if n > MAX_N:
+        raise ValueError(f"N = {n} is beyond what this kernel supports (N <= {MAX_N})")
+    for name, t in (("bias", bias), ("weight", weight), ("ln_bias", ln_bias)):
+        if t is None:
+            if name == "bias":
+                raise TypeError("bias must be a tensor of shape (N,), got None")
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if t.dim() != 1 or t.shape[0] != n:
+            raise ValueError(f"{name} must have shape ({n},) to match x's last dimension, got {tuple(t.shape)}")
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but x has {x.dtype}; they must match")
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}; they must be on one device")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    return n
+
+
+def _gelu_mode(gelu: str, dtype: torch.dtype) -> int:
+    if gelu == "auto":
+        gelu = AUTO_GELU[dtype]
+    if gelu not in GELU_MODES:
+        raise ValueError(f"gelu must be 'auto' or one of {sorted(GELU_MODES)}, got {gelu!r}")
+    return GELU_MODES[gelu]
+
+
+# ------------------------------------------------------------------------------ host functions
+def forward(x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor | None = None,
+            ln_bias: torch.Tensor | None = None, eps: float = 1e-5, gelu: str = "auto",
+            layernorm: bool = True, config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``y = LayerNorm(GELU(x + bias)) * weight + ln_bias`` over the last dimension, with the row
+    statistics: returns ``(y, mean, rstd)``, ``mean``/``rstd`` fp32 of shape ``x.shape[:-1]``.
+
+    ``layernorm=False`` stops after GELU (ablations; ``mean``/``rstd`` are then left unwritten).
+    ``config`` overrides :func:`forward_config`.
+    """
+    n = _check(x, bias, weight, ln_bias)
+    mode = _gelu_mode(gelu, x.dtype)
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+    y = torch.empty_like(x)
+    mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    rstd = torch.empty_like(mean)
+    if x.numel() == 0:
+        return y, mean, rstd
+    m = x.numel() // n
+    cfg = config or forward_config(n, x.dtype)
+    _forward_kernel[(triton.cdiv(m, cfg.rows),)](
+        x, bias, weight if weight is not None else x, ln_bias if ln_bias is not None else x, y, mean, rstd,
+        m, n, eps, BLOCK_N=cfg.block_n, ROWS=cfg.rows, SINGLE=cfg.block_n >= n, GELU=mode, LAYERNORM=layernorm,
+        HAS_W=weight is not None, HAS_LB=ln_bias is not None, num_warps=cfg.num_warps)
+    return y, mean, rstd
+
+
+def backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor | None,
+             mean: torch.Tensor, rstd: torch.Tensor, gelu: str = "auto", config: Config | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of :func:`forward` given ``dy``: ``(dx, dbias, dweight, dln_bias)``; the last two
+    are computed whether or not the forward had ``weight``/``ln_bias`` (dtype of ``x``)."""
+    n = _check(x, bias, weight, None)
+    mode = _gelu_mode(gelu, x.dtype)
+    if dy.shape != x.shape or dy.dtype != x.dtype or dy.device != x.device:
+        raise ValueError(f"dy must match x (shape {tuple(x.shape)}, {x.dtype}, {x.device}); got "
+                         f"{tuple(dy.shape)}, {dy.dtype}, {dy.device}")
+    dy = dy.contiguous()
+    dx = torch.empty_like(x)
+    grads = [torch.zeros(n, dtype=x.dtype, device=x.device) for _ in range(3)]
+    if x.numel() == 0:
+        return dx, *grads
+    m = x.numel() // n
+    cfg = config or backward_config(n, x.dtype)
+    programs = max(1, min(triton.cdiv(m, cfg.rows), cfg.programs_per_sm * _sm_count(x.device)))
+    part = torch.zeros(3, programs, n, dtype=torch.float32, device=x.device)
+    _backward_kernel[(programs,)](
+        x, bias, weight if weight is not None else x, dy, mean, rstd, dx, part, m, n,
+        BLOCK_N=cfg.block_n, ROWS=cfg.rows, SINGLE=cfg.block_n >= n, GELU=mode, HAS_W=weight is not None,
+        num_warps=cfg.num_warps)
+    block_c = min(256, triton.next_power_of_2(n))
+    _sum_partials_kernel[(triton.cdiv(n, block_c), 3)](part, *grads, programs, n, BLOCK_P=32, BLOCK_C=block_c,
+                                                       num_warps=4)
+    return dx, *grads
+
+
+class FusedBiasGeluLayerNormFunction(torch.autograd.Function):
+    """autograd wrapper: forward and backward through the fused kernels."""
+
+    @staticmethod
+    def forward(ctx, x, bias, weight, ln_bias, eps, gelu):
+        y, mean, rstd = forward(x, bias, weight, ln_bias, eps, gelu)
+        ctx.save_for_backward(x, bias, weight, mean, rstd)
+        ctx.gelu = gelu
+        ctx.has = (weight is not None, ln_bias is not None)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, bias, weight, mean, rstd = ctx.saved_tensors
+        dx, dbias, dweight, dln_bias = backward(dy, x, bias, weight, mean, rstd, ctx.gelu)
+        return dx, dbias, dweight if ctx.has[0] else None, dln_bias if ctx.has[1] else None, None, None
+
+
+_APPROXIMATE = {"none": "auto", "tanh": "tanh"}
+
+
+def fused_bias_gelu_layernorm(x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor | None = None,
+                              ln_bias: torch.Tensor | None = None, eps: float = 1e-5,
+                              approximate: str = "none") -> torch.Tensor:
+    """``F.layer_norm(F.gelu(x + bias, approximate=approximate), (N,), weight, ln_bias, eps)``,
+    differentiable, in one pass. ``approximate="none"`` is exact GELU (for 16-bit inputs through
+    the fast erf, whose error is below the storage rounding)."""
+    if approximate not in _APPROXIMATE:
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return FusedBiasGeluLayerNormFunction.apply(x, bias, weight, ln_bias, eps, _APPROXIMATE[approximate])
+
+
+class FusedBiasGeluLayerNorm(torch.nn.Module):
+    """Drop-in for ``LayerNorm(GELU(x + bias))`` with a learnable pre-GELU ``bias`` and the
+    LayerNorm's ``weight`` and ``ln_bias`` (``elementwise_affine=False`` drops the last two)."""
+
+    def __init__(self, n: int, eps: float = 1e-5, elementwise_affine: bool = True, approximate: str = "none",
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+        super().__init__()
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if approximate not in _APPROXIMATE:
+            raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+        kw = {"device": device, "dtype": dtype}
+        self.n, self.eps, self.approximate = n, eps, approximate
+        self.bias = torch.nn.Parameter(torch.zeros(n, **kw))
+        self.weight = torch.nn.Parameter(torch.ones(n, **kw)) if elementwise_affine else None
+        self.ln_bias = torch.nn.Parameter(torch.zeros(n, **kw)) if elementwise_affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fused_bias_gelu_layernorm(x, self.bias, self.weight, self.ln_bias, self.eps, self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"{self.n}, eps={self.eps}, affine={self.weight is not None}, approximate={self.approximate!r}"

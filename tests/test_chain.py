@@ -1,0 +1,55 @@
+"""helpers.chain: the eager reference chain, the byte counts, the profiling helpers."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import helpers
+from helpers import chain
+
+
+def test_eager_chain_is_layernorm_of_gelu():
+    x, b, w, lb = torch.randn(5, 33), torch.randn(33), torch.randn(33), torch.randn(33)
+    h = F.gelu(x.double() + b.double())
+    ref = (h - h.mean(-1, keepdim=True)) / torch.sqrt(h.var(-1, unbiased=False, keepdim=True) + 1e-5)
+    ref = ref * w.double() + lb.double()
+    got = chain.reference64(x, b, w, lb)
+    assert got.dtype == torch.float64
+    assert torch.allclose(got, ref, atol=1e-12)
+    assert torch.allclose(chain.eager_chain(x, b, w, lb).double(), ref, atol=1e-5)
+    assert chain.reference64(x, b).shape == x.shape
+
+
+def test_byte_counts():
+    m, n, e = 16384, 4096, 2
+    t = m * n * e
+    fwd = chain.eager_forward_bytes(m, n, e)
+    assert fwd == {"add": 2 * t + n * e, "gelu": 2 * t, "layer_norm": 2 * t + 2 * n * e + 8 * m}
+    assert chain.fused_forward_bytes(m, n, e) == 2 * t + 3 * n * e + 8 * m
+    # three passes against one: the ratio is 3 up to the parameter vectors and statistics
+    assert sum(fwd.values()) / chain.fused_forward_bytes(m, n, e) == pytest.approx(3.0, rel=1e-3)
+    bwd = chain.eager_backward_bytes(m, n, e)
+    assert sum(bwd.values()) == 7 * t + 4 * n * e + 8 * m
+    assert chain.fused_backward_bytes(m, n, e) == 3 * t + 8 * m + 5 * n * e
+    with pytest.raises(ValueError):
+        chain.eager_forward_bytes(4, 0, 2)
+    with pytest.raises(ValueError):
+        chain.fused_forward_bytes(4, 8, 3)
+
+
+def test_profile_kernels_lists_the_chain():
+    x, b = torch.randn(64, 128, device=helpers.DEVICE), torch.randn(128, device=helpers.DEVICE)
+    rows = chain.profile_kernels(lambda: chain.eager_chain(x, b), reps=3)
+    assert rows and all(r["calls"] >= 1 and r["us_per_call"] > 0 for r in rows)
+    names = " ".join(r["name"] for r in rows).lower()
+    assert "gelu" in names and "norm" in names
+    with pytest.raises(ValueError):
+        chain.profile_kernels(lambda: None, reps=0)
+
+
+def test_peak_extra_memory():
+    x = torch.randn(256, 256, device=helpers.DEVICE)
+    peak = chain.peak_extra_memory(lambda: chain.eager_chain(x, torch.zeros(256, device=helpers.DEVICE)))
+    if helpers.HAS_CUDA:
+        assert peak >= x.numel() * 4  # at least the output
+    else:
+        assert peak is None

@@ -1,0 +1,234 @@
+"""The Triton kernels of notebook 04: vector add, fused bias + GELU + LayerNorm forward and backward.
+
+On the CPU they run in the Triton interpreter (fp32 and fp16, small odd shapes); on a GPU bf16 joins.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import helpers
+from helpers.chain import eager_chain, reference64
+from helpers.kernels import fused_bias_gelu_layernorm as K
+from helpers.kernels.vector_add import vector_add
+
+DEV = helpers.DEVICE
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if helpers.HAS_CUDA else [])
+# relative error (norm) of a result stored in the dtype, against float64
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Every tensor the kernels' host code allocates with empty/empty_like starts as NaN."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def nan(t):
+        return t.fill_(math.nan) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: nan(empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: nan(empty_like(*a, **k)))
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    a = a.detach().to("cpu", torch.float64)
+    assert not torch.isnan(a).any(), "NaN in the result (an element left unwritten?)"
+    return ((a - ref).norm() / ref.norm()).item()
+
+
+def inputs(m, n, dtype, affine=True, seed=None):
+    g = torch.Generator().manual_seed(seed if seed is not None else torch.randint(1 << 30, ()).item())
+    def r(*shape):
+        return torch.randn(*shape, generator=g).to(DEV, dtype)
+    return r(m, n), r(n), (r(n) if affine else None), (r(n) if affine else None)
+
+
+# ------------------------------------------------------------------------------------ vector add
+@pytest.mark.parametrize("n", [1, 1000, 4097])
+def test_vector_add(n, poisoned):
+    a, b = torch.randn(n, device=DEV), torch.randn(n, device=DEV)
+    assert torch.equal(vector_add(a, b, block=256), a + b)
+
+
+def test_vector_add_bad_input():
+    a = torch.randn(8, device=DEV)
+    with pytest.raises(ValueError, match="same shape"):
+        vector_add(a, torch.randn(9, device=DEV))
+    with pytest.raises(TypeError, match="same dtype"):
+        vector_add(a, a.half())
+    with pytest.raises(ValueError, match="1-D"):
+        vector_add(a.view(2, 4), a.view(2, 4))
+    with pytest.raises(ValueError, match="power of two"):
+        vector_add(a, a, block=100)
+
+
+# ------------------------------------------------------------------------------------- forward
+CASES = [  # (M, N, config): odd N, a partial last row block, rows wider than one block
+    (37, 1000, None),
+    (5, 3000, None),
+    (3, 64, None),
+    (9, 3000, K.Config(1024, 2, 4)),   # chunked path, two rows per program, M odd
+    (4, 700, K.Config(256, 1, 4)),     # chunked path, last chunk partial
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,cfg", CASES)
+def test_forward_matches_float64(m, n, cfg, dtype, poisoned):
+    x, b, w, lb = inputs(m, n, dtype)
+    y, mean, rstd = K.forward(x, b, w, lb, config=cfg)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert rel_err(y, reference64(x, b, w, lb)) < TOL[dtype]
+    h = F.gelu(x.double().cpu() + b.double().cpu())
+    assert rel_err(mean, h.mean(-1)) < 1e-5
+    assert rel_err(rstd, 1 / torch.sqrt(h.var(-1, unbiased=False) + 1e-5)) < 1e-5
+
+
+@pytest.mark.parametrize("gelu,approximate", [("erf", "none"), ("erf_fast", "none"), ("tanh", "tanh")])
+@pytest.mark.parametrize("affine", [True, False])
+def test_forward_gelu_variants_and_no_affine(gelu, approximate, affine, poisoned):
+    x, b, w, lb = inputs(6, 1000, torch.float32, affine)
+    y, _, _ = K.forward(x, b, w, lb, gelu=gelu)
+    assert rel_err(y, reference64(x, b, w, lb, approximate=approximate)) < 1e-5
+
+
+def test_forward_weight_only_and_3d_input(poisoned):
+    x, b, w, _ = inputs(2 * 3, 1000, torch.float32)
+    x = x.view(2, 3, 1000)
+    y, mean, _ = K.forward(x, b, w, None)
+    assert y.shape == x.shape and mean.shape == (2, 3)
+    assert rel_err(y, reference64(x, b, w, None)) < 1e-5
+
+
+@pytest.mark.parametrize("gelu,approximate", [("none", None), ("erf", "none"), ("erf_fast", "none")])
+def test_forward_without_layernorm_is_bias_plus_gelu(gelu, approximate, poisoned):
+    x, b, _, _ = inputs(5, 3000, torch.float32)
+    y, _, _ = K.forward(x, b, gelu=gelu, layernorm=False)
+    h = x.double().cpu() + b.double().cpu()
+    assert rel_err(y, h if approximate is None else F.gelu(h)) < 1e-6
+
+
+def test_fast_gelu_error_below_storage_rounding():
+    """Dense sweep: every fp32 step of 2**-15 in [-12, 12] and every bf16 value in that range."""
+    grid = torch.arange(-12 * 2**15, 12 * 2**15 + 1, dtype=torch.float64) / 2**15
+    bf16 = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).double()
+    bf16 = bf16[torch.isfinite(bf16) & (bf16.abs() <= 12)]
+    v = torch.cat([grid, bf16])
+    v = torch.cat([v, torch.zeros((-v.numel()) % 4096, dtype=torch.float64)]).float()
+    g, _, _ = K.forward(v.view(-1, 4096).to(DEV), torch.zeros(4096, device=DEV), gelu="erf_fast", layernorm=False)
+    exact = F.gelu(v.double())
+    err = (g.double().cpu().flatten() - exact).abs()
+    bound = torch.clamp(K.FAST_GELU_REL * exact.abs(), min=K.FAST_GELU_ABS)
+    assert (err <= bound).all(), f"worst at v = {v[(err / bound).argmax()].item()}"
+    # and the bound really is under the storage rounding: bf16 keeps 8 significant bits, fp16 11
+    assert K.FAST_GELU_REL <= 2.0**-9 / 8 and K.FAST_GELU_REL <= 2.0**-11 / 2
+
+
+# ------------------------------------------------------------------------------------ backward
+def grads64(x, b, w, lb, dy, approximate="none"):
+    leaves = [None if t is None else t.detach().to("cpu", torch.float64).requires_grad_() for t in (x, b, w, lb)]
+    eager_chain(*leaves, approximate=approximate).backward(dy.to("cpu", torch.float64))
+    return [None if t is None else t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,cfg", CASES)
+def test_backward_matches_float64(m, n, cfg, dtype, poisoned):
+    x, b, w, lb = inputs(m, n, dtype)
+    dy = torch.randn(m, n).to(DEV, dtype)
+    _, mean, rstd = K.forward(x, b, w, lb, config=cfg)
+    bcfg = None if cfg is None else K.Config(cfg.block_n, cfg.rows, cfg.num_warps, programs_per_sm=1)
+    got = K.backward(dy, x, b, w, mean, rstd, config=bcfg)
+    for name, g, ref in zip(("dx", "dbias", "dweight", "dln_bias"), got, grads64(x, b, w, lb, dy)):
+        assert g.dtype == dtype
+        assert rel_err(g, ref) < TOL[dtype], name
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("affine", [True, False])
+def test_autograd_function(approximate, affine, poisoned):
+    x, b, w, lb = inputs(7, 1000, torch.float32, affine)
+    leaves = [None if t is None else t.clone().requires_grad_() for t in (x, b, w, lb)]
+    y = K.fused_bias_gelu_layernorm(*leaves, approximate=approximate)
+    assert rel_err(y, reference64(x, b, w, lb, approximate=approximate)) < 1e-5
+    dy = torch.randn_like(x)
+    y.backward(dy)
+    for t, ref in zip(leaves, grads64(x, b, w, lb, dy, approximate)):
+        if t is None:
+            continue
+        assert rel_err(t.grad, ref) < 1e-5
+
+
+def test_module_is_a_drop_in(poisoned):
+    n = 1000
+    ours = K.FusedBiasGeluLayerNorm(n, device=DEV)
+    ln = torch.nn.LayerNorm(n, device=DEV)
+    with torch.no_grad():
+        for p in (ours.bias, ours.weight, ours.ln_bias):
+            p.normal_()
+        ln.weight.copy_(ours.weight)
+        ln.bias.copy_(ours.ln_bias)
+    x = torch.randn(2, 5, n, device=DEV)
+    y = ours(x)
+    y_ref = ln(F.gelu(x + ours.bias))
+    assert rel_err(y, y_ref.double()) < 1e-5
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    y_ref.backward(dy)
+    assert rel_err(ours.weight.grad, ln.weight.grad.double()) < 1e-4
+    assert rel_err(ours.ln_bias.grad, ln.bias.grad.double()) < 1e-4
+    assert "affine=True" in repr(ours)
+
+
+def test_backward_is_deterministic():
+    x, b, w, lb = inputs(33, 1000, torch.float32)
+    dy = torch.randn_like(x)
+    _, mean, rstd = K.forward(x, b, w, lb)
+    first = K.backward(dy, x, b, w, mean, rstd)
+    second = K.backward(dy, x, b, w, mean, rstd)
+    assert all(torch.equal(p, q) for p, q in zip(first, second))
+
+
+# ------------------------------------------------------------------------------- empty and bad
+def test_empty_input_returns_empty():
+    x, b, w, lb = inputs(0, 64, torch.float32)
+    y, mean, rstd = K.forward(x, b, w, lb)
+    assert y.shape == (0, 64) and mean.shape == (0,)
+    xr = x.clone().requires_grad_()
+    out = K.fused_bias_gelu_layernorm(xr, b.requires_grad_(), w, lb)
+    assert out.shape == (0, 64)
+    out.sum().backward()
+    assert xr.grad.shape == (0, 64) and torch.equal(b.grad, torch.zeros_like(b))
+
+
+def test_bad_input_is_a_clear_error():
+    x, b, w, lb = inputs(4, 64, torch.float32)
+    with pytest.raises(ValueError, match=r"bias must have shape \(64,\)"):
+        K.forward(x, b[:63])
+    with pytest.raises(ValueError, match="weight must have shape"):
+        K.forward(x, b, w.view(8, 8))
+    with pytest.raises(TypeError, match="ln_bias has dtype"):
+        K.forward(x, b, w, lb.half())
+    with pytest.raises(TypeError, match="x must be one of"):
+        K.forward(x.double(), b.double())
+    with pytest.raises(ValueError, match="0-d"):
+        K.forward(x[0, 0], b)
+    with pytest.raises(ValueError, match="contiguous"):
+        K.forward(torch.randn(64, 4, device=DEV).t(), b)
+    with pytest.raises(ValueError, match="one device"):
+        K.forward(x, b, w.to("meta"))
+    with pytest.raises(ValueError, match="beyond what this kernel supports"):
+        K.forward(torch.empty(1, K.MAX_N + 1, device="meta"), torch.empty(K.MAX_N + 1, device="meta"))
+    with pytest.raises(TypeError, match="bias must be a tensor"):
+        K.forward(x, None)
+    with pytest.raises(ValueError, match="gelu must be"):
+        K.forward(x, b, gelu="relu")
+    with pytest.raises(ValueError, match="eps must be"):
+        K.forward(x, b, eps=0.0)
+    with pytest.raises(ValueError, match="approximate must be"):
+        K.fused_bias_gelu_layernorm(x, b, approximate="sigmoid")
+    with pytest.raises(ValueError, match="dy must match"):
+        K.backward(x[:2], x, b, w, torch.zeros(4), torch.ones(4))
+    with pytest.raises(ValueError, match="power of two"):
+        K.Config(1000, 1, 4)
