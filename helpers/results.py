@@ -68,8 +68,10 @@ def _git_commit() -> str | None:
     if os.environ.get("COURSE_GIT_COMMIT"):
         return os.environ["COURSE_GIT_COMMIT"]
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+        # safe.directory: a checkout copied to another machine belongs to another user there
+        git = ["git", "-c", f"safe.directory={REPO_ROOT}"]
+        out = subprocess.run([*git, "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
                                capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None

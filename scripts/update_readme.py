@@ -1,0 +1,131 @@
+"""Rebuild the README's "Results at a glance" table from the committed results files.
+
+    python scripts/update_readme.py           # rewrite the block in README.md
+    python scripts/update_readme.py --check   # exit 1 if README.md is out of date (the tests run this)
+
+Every number in the table is read from results/<gpu>/<topic>.json through helpers.results; a topic
+with no file yet is left out.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+from helpers import memory, results, roofline, specs
+
+README = results.REPO_ROOT / "README.md"
+START, END = "<!-- results-table -->", "<!-- /results-table -->"
+
+
+def _load(topic: str, gpu: str) -> results.Result | None:
+    try:
+        return results.load(topic, gpu=gpu)
+    except FileNotFoundError:
+        return None
+
+
+def _ceilings(res: results.Result, spec: specs.GpuSpec | None) -> list[tuple[str, str, str]]:
+    copy = res.where(what="copy")[0]["gbps"]
+    bf16 = res.where(what="matmul", dtype="bf16")[0]["tflops"]
+    ref_bw = f"{100 * copy / spec.bandwidth_gbps:.0f}% of the datasheet's {spec.bandwidth_gbps:,.0f}" if spec else ""
+    ref_mm = f"{100 * bf16 / spec.bf16_tflops:.0f}% of the datasheet's {spec.bf16_tflops:,.0f}" if spec else ""
+    return [("device copy bandwidth (read + write)", f"{copy:,.0f} GB/s", ref_bw),
+            ("bf16 matmul 8192³", f"{bf16:,.0f} TFLOP/s", ref_mm)]
+
+
+def _memory(res: results.Result, l2_bytes: int) -> list[tuple[str, str, str]]:
+    windows = memory.level_windows(l2_bytes)
+    bw = res.where(probe="bandwidth")
+    lat = res.where(probe="latency")
+    l2, hbm = (memory.level_value(bw, "gbps", windows[k]) for k in ("L2", "HBM"))
+    ladder = " / ".join(f"{memory.level_value(lat, 'ns_per_load', windows[k]):,.0f}" for k in ("L1", "L2", "HBM"))
+    return [("streaming bandwidth, L2-resident vs HBM", f"{l2:,.0f} vs {hbm:,.0f} GB/s", f"L2 is {l2 / hbm:.1f}x HBM"),
+            ("dependent-load latency L1 / L2 / HBM", f"{ladder} ns", "pointer chase, one load in flight")]
+
+
+def _roofline(res: results.Result, spec: specs.GpuSpec | None) -> list[tuple[str, str, str]]:
+    dial = res.where(probe="dial", dtype="fp32")
+    kn = roofline.knee(dial)
+    copy = res.where(probe="ceiling", what="copy")[0]["gbps"]
+    peak = f"{100 * kn['top_gflops'] / 1e3 / spec.fp32_tflops:.0f}% of the fp32 datasheet peak" if spec else ""
+    return [("intensity dial (fp32 FMAs): memory-bound end", f"{kn['low_gbps']:,.0f} GB/s",
+             f"{100 * kn['low_gbps'] / copy:.0f}% of the copy bandwidth"),
+            ("intensity dial: compute-bound end", f"{kn['top_gflops'] / 1e3:,.1f} TFLOP/s", peak)]
+
+
+def _fused(res: results.Result) -> list[tuple[str, str, str]]:
+    rows = []
+    for pass_ in ("fwd", "fwd+bwd"):
+        for dtype in ("bfloat16", "float32"):
+            recs = [r for r in res.records if r["pass"] == pass_ and str(r["dtype"]).endswith(dtype.replace("float", ""))
+                    or r["pass"] == pass_ and r["dtype"] == dtype]
+            by_impl = {impl: [r for r in recs if r["impl"] == impl] for impl in ("triton", "eager", "compile")}
+            if not all(by_impl.values()):
+                continue
+            speed = {impl: statistics.median(r["ms"] for r in rs) for impl, rs in by_impl.items()}
+            ns = sorted({r["N"] for r in by_impl["triton"]})
+            pct = [100 * r["gbps"] / r["copy_gbps"] for r in by_impl["triton"]]
+            rows.append((f"fused bias+GELU+LayerNorm {pass_}, {dtype}, N = {ns[0]}..{ns[-1]}",
+                         f"{speed['eager'] / speed['triton']:.1f}x eager, {speed['compile'] / speed['triton']:.2f}x torch.compile",
+                         f"{min(pct):.0f}-{max(pct):.0f}% of the copy bandwidth" if pass_ == "fwd" else "median over N"))
+    return rows
+
+
+def _attention(res: results.Result) -> list[tuple[str, str, str]]:
+    rows = []
+    for pass_ in ("fwd", "fwd+bwd"):
+        for causal in (False, True):
+            pick = {r["impl"]: r["tflops"] for r in res.records if r["pass"] == pass_ and r["causal"] == causal
+                    and (r["B"], r["H"], r["S"], r["D"]) == (4, 32, 4096, 128) and r["status"] == "ok"}
+            if "triton" not in pick:
+                continue
+            label = f"FlashAttention (Triton) {pass_}, {'causal' if causal else 'non-causal'}, B4 H32 S4096 D128"
+            rows.append((label, f"{pick['triton']:,.0f} TFLOP/s",
+                         f"{pick['triton'] / pick['sdpa_flash']:.2f}x SDPA flash, {pick['triton'] / pick['sdpa_cudnn']:.2f}x cuDNN"))
+    return rows
+
+
+def render(gpu: str = "h200") -> str:
+    """The markdown block: one table row per headline measurement, then the provenance of each file."""
+    ceilings = _load("ceilings", gpu)
+    if ceilings is None:
+        return "_No GPU results committed yet._"
+    spec = specs.lookup(ceilings.provenance["gpu"])
+    device = _load("device", gpu)
+    l2_bytes = device.records[0]["l2_bytes"] if device else int(spec.l2_mb * 2**20)
+    sections = [("ceilings", ceilings, lambda r: _ceilings(r, spec), "00"),
+                ("memory_hierarchy", _load("memory_hierarchy", gpu), lambda r: _memory(r, l2_bytes), "01"),
+                ("roofline", _load("roofline", gpu), lambda r: _roofline(r, spec), "02"),
+                ("fused_bias_gelu_layernorm", _load("fused_bias_gelu_layernorm", gpu), _fused, "04"),
+                ("flash_attention", _load("flash_attention", gpu), _attention, "05")]
+    lines = [f"Measured on one {ceilings.provenance['gpu']} by the notebooks; every row is read from "
+             f"`results/{gpu}/` by `scripts/update_readme.py`.", "",
+             "| measurement | result | for scale | notebook |", "| --- | --- | --- | --- |"]
+    sources = []
+    for topic, res, rows, nb in sections:
+        if res is None:
+            continue
+        lines += [f"| {what} | {value} | {ref} | {nb} |" for what, value, ref in rows(res)]
+        sources.append(f"- `{topic}.json`: {res.describe()}")
+    return "\n".join(lines + ["", "Provenance:", *sources])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if README.md is out of date")
+    args = parser.parse_args()
+    text = README.read_text()
+    if START not in text or END not in text:
+        sys.exit(f"README.md lacks the markers {START} ... {END}")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    new = f"{head}{START}\n{render()}\n{END}{tail}"
+    if args.check:
+        sys.exit(0 if new == text else "README.md's results table is out of date: run python scripts/update_readme.py")
+    Path(README).write_text(new)
+
+
+if __name__ == "__main__":
+    main()
