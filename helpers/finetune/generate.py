@@ -1,0 +1,62 @@
+"""Text-generation speed with the LoRA adapter attached, and what the bandwidth would allow.
+
+Greedy ``generate()`` at batch 1 (the seed's tables: 64, 128, 256 and 512 new tokens). Each new
+token reads every weight once, so ``decode_bytes_per_token`` over the card's bandwidth is the
+fastest a decode step can be; the measured tokens/s as a fraction of that says how far decode is
+from the memory roofline (notebook 07 takes it from there).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .data import TokenizedData
+from .lora import LoraSettings, attach_lora
+from .models import ModelSpec, build_model, nf4_bytes
+from .point import PointSpec, apply_cap, base_record, is_oom, sync
+
+
+def run_generate(spec: PointSpec, data: TokenizedData, device: torch.device) -> list[dict]:
+    """Seconds and tokens/s of greedy ``generate()`` at batch 1 for each count of new tokens."""
+    base = {"kind": "generate", **base_record(spec, device)}
+    if device.type == "cuda":
+        base.update(apply_cap(spec.cap_gb))
+    try:
+        model, source = build_model(spec.model, device, vocab_size=data.vocab_size, attn=spec.attn)
+        model = attach_lora(model, LoraSettings(r=spec.lora_r))
+        model.eval()
+        model.config.use_cache = True
+        prompt = torch.tensor([data.token_ids[0][:32]], device=device)
+        records = []
+        with torch.no_grad():
+            _generate(model, prompt, 8)  # warm-up: kernels, cache allocation
+            for n in spec.new_tokens:
+                sync(device)
+                t0 = time.perf_counter()
+                out = _generate(model, prompt, n)
+                sync(device)
+                seconds = time.perf_counter() - t0
+                if out.shape[1] - prompt.shape[1] != n:
+                    raise RuntimeError(f"generate() made {out.shape[1] - prompt.shape[1]} tokens, not {n}")
+                records.append({**base, "status": "ok", "weights": source, "new_tokens": n, "seconds": seconds,
+                                "tokens_per_s": n / seconds})
+    except Exception as error:
+        if not is_oom(error):
+            raise
+        return [{**base, "status": "oom", "new_tokens": n, "seconds": None, "tokens_per_s": None,
+                 "oom_message": str(error).splitlines()[0][:200]} for n in spec.new_tokens]
+    return records
+
+
+def _generate(model, prompt: torch.Tensor, n: int) -> torch.Tensor:
+    return model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n,
+                          min_new_tokens=n, do_sample=False, pad_token_id=0)
+
+
+def decode_bytes_per_token(spec: ModelSpec, context_tokens: int, lm_head_bytes: int = 4) -> int:
+    """Bytes one decode step must read at batch 1: nf4 linears, the lm_head (fp32 after peft's
+    preparation, ``lm_head_bytes`` a weight), one embedding row, and the KV cache so far (bf16)."""
+    kv = 2 * spec.num_hidden_layers * context_tokens * spec.hidden_size * spec.num_key_value_heads \
+        // spec.num_attention_heads * 2
+    return nf4_bytes(spec) + spec.vocab_size * spec.hidden_size * lm_head_bytes + spec.hidden_size * 4 + kv

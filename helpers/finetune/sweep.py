@@ -1,0 +1,216 @@
+"""The sweep: model x batch size x memory cap (and generation per model and cap), one process a point.
+
+    python -m helpers.finetune.sweep --models 7b 13b --budget-s 500     # a chunk; run again to go on
+
+Each point runs in a subprocess (``python -m helpers.finetune.point``), so an out-of-memory error
+or a crash cannot poison the next point. As each point finishes, its records are appended to a
+progress file (one JSON line a point, flushed to disk) and the whole results file is rewritten
+through ``helpers.results.save("finetune", ...)``. Re-running resumes: points already in the
+progress file or in the existing results file are never run again, and nothing finished is lost.
+A larger batch at the same model and cap as one that ran out of memory is recorded as out of
+memory without running it (``measured: False``): memory grows with the batch, because every
+batch size's first step holds its longest texts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Iterable
+
+from .. import results
+from ..device import HAS_CUDA, SCALE
+from .data import TokenizedData, prepare
+from .point import GiB, PointSpec
+
+TOPIC = "finetune"
+CAPS: dict[float | None, str] = {None: "whole card", 40: "A100 40GB", 48: "RTX 6000 Ada 48GB"}
+BATCH_SIZES = (1, 2, 4, 8, 16, 20, 25, 32)
+NEW_TOKENS = (64, 128, 256, 512)
+
+Runner = Callable[[PointSpec, Path], list[dict]]
+
+
+def plan(models: Iterable[str] = ("7b", "13b", "70b"), batch_sizes: Iterable[int] = BATCH_SIZES,
+         caps: Iterable[float | None] = tuple(CAPS), *, generate: bool = True, **spec_fields) -> list[PointSpec]:
+    """The points of a sweep, in the order they run: per model, per cap, batch sizes growing, then generation."""
+    points = []
+    for model in models:
+        for cap in caps:
+            points += [PointSpec("train", model, batch, cap, **spec_fields) for batch in batch_sizes]
+            if generate:
+                gen_fields = {k: v for k, v in spec_fields.items() if k in ("lora_r", "attn", "new_tokens")}
+                points.append(PointSpec("generate", model, 1, cap, **{"new_tokens": NEW_TOKENS, **gen_fields}))
+    return points
+
+
+def card_gb() -> float | None:
+    """This machine's GPU memory in GiB, read through NVML (no CUDA context in the sweep's own process)."""
+    if not HAS_CUDA:
+        return None
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        index = int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0)
+        return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).total / GiB
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def validate(points: list[PointSpec], scale: str = SCALE) -> None:
+    """Check every point before any runs: names, sizes, caps against this card, a GPU for a full run."""
+    if not points:
+        raise ValueError("the sweep has no points")
+    if scale == "full" and not HAS_CUDA:
+        raise RuntimeError("a full-scale sweep needs a CUDA GPU; this machine has none "
+                           "(run at smoke scale: COURSE_SCALE=smoke)")
+    card = card_gb()
+    for point in points:
+        point.validate(card)
+    keys = [p.key() for p in points]
+    if len(set(keys)) != len(keys):
+        raise ValueError("the sweep lists a point twice")
+
+
+def subprocess_runner(spec: PointSpec, data_path: Path) -> list[dict]:
+    """Run one point in a fresh Python process and return its records."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "records.json"
+        cmd = [sys.executable, "-m", "helpers.finetune.point", "--spec", spec.to_json(), "--data", str(data_path),
+               "--out", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=results.REPO_ROOT)
+        if proc.returncode != 0 or not out.exists():
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+            raise RuntimeError(f"point {spec.key()} failed (exit {proc.returncode}):\n{tail}")
+        return json.loads(out.read_text())
+
+
+def default_store() -> Path:
+    """The progress file: git-ignored, one per scale and GPU."""
+    return results.REPO_ROOT / "build" / "finetune-progress" / f"{SCALE}-{results.gpu_slug()}.jsonl"
+
+
+class Store:
+    """Finished points: the progress file (appended a line a point) merged with the results file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.done: dict[str, list[dict]] = {}
+        try:  # what earlier runs saved (on the GPU machine the results file is what travels between calls)
+            for record in results.load(TOPIC, scale=SCALE).records:
+                self.done.setdefault(record["point"], []).append(record)
+        except FileNotFoundError:
+            pass
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                if line.strip():
+                    try:
+                        entry = json.loads(line)
+                    except json.JSONDecodeError:  # a line cut short by a kill: that point did not finish
+                        continue
+                    self.done[entry["point"]] = entry["records"]
+
+    def add(self, point: str, records: list[dict]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps({"point": point, "records": records}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.done[point] = records
+
+    def records(self) -> list[dict]:
+        return [r for recs in self.done.values() for r in recs]
+
+
+def _oom_below(point: PointSpec, done: dict[str, list[dict]]) -> PointSpec | None:
+    """A finished smaller-batch point of the same model, cap and settings that ran out of memory."""
+    if point.kind != "train":
+        return None
+    for smaller in range(1, point.batch_size):
+        recs = done.get(replace(point, batch_size=smaller).key())
+        if recs and recs[0]["status"] == "oom":
+            return replace(point, batch_size=smaller)
+    return None
+
+
+def data_file(scale: str = SCALE) -> Path:
+    """The tokenized data every point reads; prepared once, then reused."""
+    path = results.REPO_ROOT / "build" / "finetune-data" / f"{scale}.json"
+    if not path.exists():
+        prepare().save(path)
+    return path
+
+
+def run_sweep(points: list[PointSpec], *, data_path: Path | None = None, store_path: Path | None = None,
+              runner: Runner = subprocess_runner, budget_s: float | None = None, progress: bool = True) -> list[dict]:
+    """Run the points not yet finished, saving after each; returns every finished record.
+
+    ``budget_s``: start no new point after this many seconds (so one call stays inside a time limit;
+    run again to continue). Points are checked before any runs.
+    """
+    from tqdm.auto import tqdm
+
+    validate(points)
+    if budget_s is not None and budget_s <= 0:
+        raise ValueError(f"budget_s must be > 0, got {budget_s}")
+    data_path = Path(data_path) if data_path else data_file()
+    TokenizedData.load(data_path)  # readable before any point starts
+    store = Store(store_path or default_store())
+    todo = [p for p in points if p.key() not in store.done]
+    start = time.perf_counter()
+    bar = tqdm(total=len(points), initial=len(points) - len(todo), desc="fine-tuning sweep", unit="point",
+               disable=not progress)
+    try:
+        for point in todo:
+            if budget_s is not None and time.perf_counter() - start > budget_s:
+                break
+            bar.set_postfix_str(point.key())
+            below = _oom_below(point, store.done)
+            if below is not None:
+                first = store.done[below.key()][0]
+                records = [{**first, "point": point.key(), "batch_size": point.batch_size, "measured": False,
+                            "oom_message": f"not run: batch {below.batch_size} already ran out of memory"}]
+            else:
+                records = [{**r, "measured": True} for r in runner(point, data_path)]
+            store.add(point.key(), records)
+            results.save(TOPIC, store.records())
+            bar.update(1)
+    finally:
+        bar.close()
+    return store.records()
+
+
+def pending(points: list[PointSpec], store_path: Path | None = None) -> list[PointSpec]:
+    """The points of ``points`` not finished yet."""
+    done = Store(store_path or default_store()).done
+    return [p for p in points if p.key() not in done]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Run (or resume) the QLoRA fine-tuning sweep.")
+    parser.add_argument("--models", nargs="+", default=["7b", "13b", "70b"])
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=list(BATCH_SIZES))
+    parser.add_argument("--caps", nargs="+", default=["none", "40", "48"], help="GiB, or 'none' for the whole card")
+    parser.add_argument("--lora-r", type=int, default=16)
+    parser.add_argument("--attn", default="sdpa")
+    parser.add_argument("--max-len", type=int, default=None)
+    parser.add_argument("--no-generate", action="store_true")
+    parser.add_argument("--budget-s", type=float, default=None, help="start no new point after this many seconds")
+    args = parser.parse_args(argv)
+    caps = [None if c == "none" else float(c) for c in args.caps]
+    points = plan(args.models, args.batch_sizes, caps, generate=not args.no_generate, lora_r=args.lora_r,
+                  attn=args.attn, max_len=args.max_len)
+    records = run_sweep(points, budget_s=args.budget_s)
+    left = pending(points)
+    print(f"{len(records)} records saved to {results.path_for(TOPIC)}; {len(left)} of {len(points)} points left")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+import json
+
+import pytest
+import torch
+
+from helpers import results
+from helpers.finetune import data, point, sweep
+from helpers.finetune.point import PointSpec
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path):
+    monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path / "results"))
+    monkeypatch.setattr(sweep, "card_gb", lambda: None)
+    texts = data.standin_texts(60)
+    tok = data.train_tokenizer(texts, 2000)
+    ids = tok(texts, add_special_tokens=False)["input_ids"]
+    path = data.TokenizedData(ids, 32000, "test", "test", [len(t) for t in texts]).save(tmp_path / "data.json")
+    return {"data": path, "store": tmp_path / "progress.jsonl"}
+
+
+def _fake_runner(calls, fail_at=None):
+    def run(spec, data_path):
+        calls.append(spec.key())
+        if len(calls) == fail_at:
+            raise KeyboardInterrupt  # the sweep is killed while this point runs
+        status = "oom" if spec.batch_size >= 8 else "ok"
+        return [{"kind": spec.kind, "point": spec.key(), "model": spec.model, "batch_size": spec.batch_size,
+                 "status": status, "tokens_per_s": None if status == "oom" else 100.0 * spec.batch_size}]
+    return run
+
+
+def test_killed_sweep_resumes_without_losing_or_repeating_a_point(env):
+    points = sweep.plan(["tiny"], [1, 2, 4], [None], generate=False)
+    calls = []
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(points, data_path=env["data"], store_path=env["store"],
+                        runner=_fake_runner(calls, fail_at=2), progress=False)
+    saved = results.load("finetune", scale=results.SCALE)
+    assert [r["point"] for r in saved.records] == [points[0].key()]  # the finished point is saved
+    first = saved.records[0]
+    with env["store"].open("a") as f:
+        f.write('{"point": "cut short')  # a line half-written when the process died
+    calls_after = []
+    records = sweep.run_sweep(points, data_path=env["data"], store_path=env["store"],
+                              runner=_fake_runner(calls_after), progress=False)
+    assert calls_after == [p.key() for p in points[1:]]  # nothing redone
+    assert sorted(r["point"] for r in records) == sorted(p.key() for p in points)  # nothing lost or doubled
+    assert records[0] == first
+    assert results.load("finetune", scale=results.SCALE).records == records
+    again = []
+    sweep.run_sweep(points, data_path=env["data"], store_path=env["store"], runner=_fake_runner(again), progress=False)
+    assert again == [] and sweep.pending(points, env["store"]) == []
+
+
+def test_resume_from_the_results_file_alone(env):
+    # on the GPU machine only the results file travels between calls: it must be enough to resume
+    points = sweep.plan(["tiny"], [1, 2], [None], generate=False)
+    sweep.run_sweep(points[:1], data_path=env["data"], store_path=env["store"], runner=_fake_runner([]),
+                    progress=False)
+    env["store"].unlink()
+    calls = []
+    sweep.run_sweep(points, data_path=env["data"], store_path=env["store"], runner=_fake_runner(calls), progress=False)
+    assert calls == [points[1].key()]
+
+
+def test_larger_batches_after_an_oom_are_recorded_without_running(env):
+    points = sweep.plan(["tiny"], [4, 8, 16], [None], generate=False)
+    calls = []
+    records = sweep.run_sweep(points, data_path=env["data"], store_path=env["store"], runner=_fake_runner(calls),
+                              progress=False)
+    assert calls == [points[0].key(), points[1].key()]
+    assert [(r["status"], r["measured"]) for r in records] == [("ok", True), ("oom", True), ("oom", False)]
+
+
+def test_simulated_cuda_oom_in_a_point_is_recorded(env, monkeypatch):
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(point, "check_checkpointing", out_of_memory)
+    spec = PointSpec("train", "tiny", 2, max_len=32, warmup_steps=1, timed_steps=1)
+    [record] = point.run_point(spec, env["data"])
+    assert record["status"] == "oom" and record["oom_stage"] == "train"
+    assert "out of memory" in record["oom_message"]
+
+
+def test_simulated_cap_on_cpu_runs_out_of_memory_for_the_larger_batch(env):
+    fits = point.run_point(PointSpec("train", "tiny", 1, cap_gb=0.1, max_len=64, warmup_steps=1, timed_steps=1),
+                           env["data"])[0]
+    assert fits["status"] == "ok" and fits["checkpointing"] is True
+    assert fits["peak_alloc_gb"] < 0.1 and fits["tokens_per_s"] > 0 and fits["step_s"] > 0
+    big = point.run_point(PointSpec("train", "tiny", 8, cap_gb=0.1, max_len=64, warmup_steps=1, timed_steps=1),
+                          env["data"])[0]
+    assert big["status"] == "oom" and big["peak_alloc_gb"] > 0.1
+
+
+def test_one_point_in_a_subprocess(env):
+    spec = PointSpec("generate", "tiny", new_tokens=(3, 5))
+    records = sweep.subprocess_runner(spec, env["data"])
+    assert [r["new_tokens"] for r in records] == [3, 5]
+    assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in records)
+
+
+@pytest.mark.parametrize("points,match", [
+    ([PointSpec("train", "7B")], "unknown model"),
+    ([PointSpec("train", "tiny", 0)], "batch size must be an integer >= 1"),
+    ([PointSpec("train", "tiny", 2.5)], "batch size"),
+    ([PointSpec("train", "tiny", cap_gb=-1)], "memory cap must be > 0"),
+    ([PointSpec("train", "tiny", lora_r=0)], "rank"),
+    ([PointSpec("train", "tiny", attn="flash")], "attn"),
+    ([PointSpec("train", "tiny"), PointSpec("train", "tiny")], "twice"),
+    ([], "no points"),
+])
+def test_bad_input_is_refused_before_any_point_runs(env, points, match):
+    calls = []
+    with pytest.raises(ValueError, match=match):
+        sweep.run_sweep(points, data_path=env["data"], store_path=env["store"], runner=_fake_runner(calls))
+    assert calls == [] and not env["store"].exists()
+
+
+def test_cap_larger_than_the_card_is_refused(env, monkeypatch):
+    monkeypatch.setattr(sweep, "card_gb", lambda: 44.0)
+    calls = []
+    with pytest.raises(ValueError, match="larger than this card"):
+        sweep.run_sweep(sweep.plan(["tiny"], [1], [40, 48]), data_path=env["data"], store_path=env["store"],
+                        runner=_fake_runner(calls))
+    assert calls == []
+
+
+def test_full_run_without_a_gpu_is_refused(env, monkeypatch):
+    monkeypatch.setattr(sweep, "HAS_CUDA", False)
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        sweep.validate(sweep.plan(["7b"], [1], [None]), scale="full")
+
+
+def test_point_cli_writes_its_records(env, tmp_path):
+    out = tmp_path / "out.json"
+    point.main(["--spec", PointSpec("train", "tiny", 1, max_len=16, warmup_steps=1, timed_steps=1).to_json(),
+                "--data", str(env["data"]), "--out", str(out)])
+    [record] = json.loads(out.read_text())
+    assert record["status"] == "ok" and record["batch_size"] == 1 and record["max_seq_len"] <= 16
