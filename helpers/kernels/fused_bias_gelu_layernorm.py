@@ -42,44 +42,69 @@ FAST_GELU_REL = 2.0**-12
 
 
 # ----------------------------------------------------------------------------------------- GELU
+FAST_ASM = not _device.INTERPRET  # single-instruction PTX approximations on a GPU; the interpreter has no PTX
+
+
 @triton.jit
-def _phi_fast(v):
+def _exp2(x, FAST: tl.constexpr):
+    """2**x: one MUFU.EX2 (flushing denormal results to 0) on a GPU."""
+    if FAST:
+        y = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
+                                      pack=1)
+    else:
+        y = tl.exp2(x)
+    return y
+
+
+@triton.jit
+def _rcp(x, FAST: tl.constexpr):
+    """1/x: one MUFU.RCP on a GPU (``/`` compiles to a full-range division, several instructions)."""
+    if FAST:
+        y = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
+                                      pack=1)
+    else:
+        y = 1.0 / x
+    return y
+
+
+@triton.jit
+def _phi_fast(v, FAST: tl.constexpr):
     """Phi(v) (the normal CDF) and exp(-v^2/2), with erfc from Abramowitz & Stegun 7.1.26."""
-    e = tl.exp2(v * v * -0.7213475204444817)                  # exp(-v^2/2)
-    t = 1.0 / (1.0 + 0.2316418882663604 * tl.abs(v))           # 1 / (1 + p |v| / sqrt 2)
+    e = _exp2(v * v * -0.7213475204444817, FAST)                 # exp(-v^2/2)
+    t = _rcp(1.0 + 0.2316418882663604 * tl.abs(v), FAST)          # 1 / (1 + p |v| / sqrt 2)
     h = t * (0.127414796 + t * (-0.142248368 + t * (0.7107068705 + t * (-0.7265760135 + t * 0.5307027145))))
-    h = h * e                                                  # = Phi(-|v|) = erfc(|v|/sqrt 2) / 2
+    h = h * e                                                     # = Phi(-|v|) = erfc(|v|/sqrt 2) / 2
     return tl.where(v >= 0, 1.0 - h, h), e
 
 
 @triton.jit
-def _gelu(v, GELU: tl.constexpr):
+def _gelu(v, GELU: tl.constexpr, FAST: tl.constexpr):
     """GELU(v) in fp32; GELU selects the variant (see GELU_MODES)."""
     if GELU == 1:
         g = 0.5 * v * (1.0 + tl.erf(v * 0.7071067811865476))
     elif GELU == 2:
-        phi, _ = _phi_fast(v)
+        phi, _ = _phi_fast(v, FAST)
         g = v * phi
     elif GELU == 3:
-        g = v / (1.0 + tl.exp2(-v * (2.302208198144325 + 0.1029432395800235 * v * v)))
+        g = v * _rcp(1.0 + _exp2(-v * (2.302208198144325 + 0.1029432395800235 * v * v), FAST), FAST)
     else:
         g = v
     return g
 
 
 @triton.jit
-def _gelu_and_grad(v, GELU: tl.constexpr):
+def _gelu_and_grad(v, GELU: tl.constexpr, FAST: tl.constexpr):
     """GELU(v) and its derivative dGELU/dv, in fp32."""
     if GELU == 1:
         phi = 0.5 * (1.0 + tl.erf(v * 0.7071067811865476))
         g = v * phi
         dg = phi + v * 0.3989422804014327 * tl.exp2(v * v * -0.7213475204444817)
     elif GELU == 2:
-        phi, e = _phi_fast(v)
+        phi, e = _phi_fast(v, FAST)
         g = v * phi
         dg = phi + v * 0.3989422804014327 * e
     elif GELU == 3:
-        s = 1.0 / (1.0 + tl.exp2(-v * (2.302208198144325 + 0.1029432395800235 * v * v)))
+        s = _rcp(1.0 + _exp2(-v * (2.302208198144325 + 0.1029432395800235 * v * v), FAST), FAST)
         g = v * s
         dg = s + v * s * (1.0 - s) * (0.6931471805599453 * (2.302208198144325 + 0.3088297187400705 * v * v))
     else:
@@ -90,79 +115,115 @@ def _gelu_and_grad(v, GELU: tl.constexpr):
 
 # -------------------------------------------------------------------------------------- forward
 @triton.jit
+def _mask(rows, cols, M, N, EVEN_N: tl.constexpr):
+    """In-bounds elements of a [ROWS, BLOCK_N] tile; without a column test when the block is the row."""
+    if EVEN_N:
+        m = (rows < M)[:, None] & tl.full([cols.shape[0]], 1, tl.int1)[None, :]
+    else:
+        m = (rows < M)[:, None] & (cols < N)[None, :]
+    return m
+
+
+@triton.jit
 def _forward_kernel(X, B, W, LB, Y, MEAN, RSTD, M, N, eps,
                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, GELU: tl.constexpr,
-                    LAYERNORM: tl.constexpr, HAS_W: tl.constexpr, HAS_LB: tl.constexpr):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < M
-    row_off = rows.to(tl.int64)[:, None] * N
+                    LAYERNORM: tl.constexpr, HAS_W: tl.constexpr, HAS_LB: tl.constexpr, EVEN_N: tl.constexpr,
+                    FAST: tl.constexpr):
+    """Program p handles row blocks p, p + P, p + 2P, ... (P programs in the grid)."""
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    n_blocks = tl.cdiv(M, ROWS)
     cols = tl.arange(0, BLOCK_N)
     if SINGLE:  # the whole row sits in registers: one read, one write
         col_ok = cols < N
-        mask = row_ok[:, None] & col_ok[None, :]
-        x = tl.load(X + row_off + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        # the parameters are loaded once per program, converted once, and kept in registers
         b = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)
-        y = _gelu(x + b[None, :], GELU)  # 0 in masked lanes: GELU(0) = 0
-        if LAYERNORM:
-            mean = tl.sum(y, axis=1) / N
-            d = tl.where(mask, y - mean[:, None], 0.0)
-            rstd = tl.rsqrt(tl.sum(d * d, axis=1) / N + eps)
-            y = d * rstd[:, None]
-            if HAS_W:
-                y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-            if HAS_LB:
-                y = y + tl.load(LB + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-            tl.store(MEAN + rows, mean, mask=row_ok)
-            tl.store(RSTD + rows, rstd, mask=row_ok)
-        tl.store(Y + row_off + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+        if HAS_W:
+            w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if HAS_LB:
+            lb = tl.load(LB + cols, mask=col_ok, other=0.0).to(tl.float32)
+        # prefetch: the next row block is loaded while this one is computed (more bytes in flight)
+        rows = pid * ROWS + tl.arange(0, ROWS)
+        x_next = tl.load(X + rows.to(tl.int64)[:, None] * N + cols[None, :],
+                         mask=_mask(rows, cols, M, N, EVEN_N), other=0.0)
+        for blk in range(pid, n_blocks, n_prog):
+            rows = blk * ROWS + tl.arange(0, ROWS)
+            row_ok = rows < M
+            offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+            mask = _mask(rows, cols, M, N, EVEN_N)
+            x = x_next.to(tl.float32)
+            nxt = rows + n_prog * ROWS
+            x_next = tl.load(X + nxt.to(tl.int64)[:, None] * N + cols[None, :],
+                             mask=_mask(nxt, cols, M, N, EVEN_N), other=0.0)
+            y = _gelu(x + b[None, :], GELU, FAST)  # 0 in masked lanes: GELU(0) = 0
+            if LAYERNORM:
+                mean = tl.sum(y, axis=1) / N
+                d = y - mean[:, None]
+                if not EVEN_N:
+                    d = tl.where(col_ok[None, :], d, 0.0)
+                rstd = tl.rsqrt(tl.sum(d * d, axis=1) / N + eps)
+                if HAS_W:
+                    y = d * (rstd[:, None] * w[None, :])
+                else:
+                    y = d * rstd[:, None]
+                if HAS_LB:
+                    y = y + lb[None, :]
+                tl.store(MEAN + rows, mean, mask=row_ok)
+                tl.store(RSTD + rows, rstd, mask=row_ok)
+            tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
     else:  # a row wider than one block: statistics chunk by chunk, then normalise chunk by chunk
-        mean = tl.zeros([ROWS], dtype=tl.float32)
-        rstd = tl.full([ROWS], 1.0, tl.float32)
-        if LAYERNORM:
-            m2 = tl.zeros([ROWS], dtype=tl.float32)
-            count = 0.0
+        for blk in range(pid, n_blocks, n_prog):
+            rows = blk * ROWS + tl.arange(0, ROWS)
+            row_ok = rows < M
+            row_off = rows.to(tl.int64)[:, None] * N
+            mean = tl.zeros([ROWS], dtype=tl.float32)
+            rstd = tl.full([ROWS], 1.0, tl.float32)
+            if LAYERNORM:
+                m2 = tl.zeros([ROWS], dtype=tl.float32)
+                count = 0.0
+                for start in range(0, N, BLOCK_N):
+                    c = start + cols
+                    mask = row_ok[:, None] & (c < N)[None, :]
+                    x = tl.load(X + row_off + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                    b = tl.load(B + c, mask=c < N, other=0.0).to(tl.float32)
+                    g = _gelu(x + b[None, :], GELU, FAST)
+                    n_c = tl.minimum(N - start, BLOCK_N).to(tl.float32)
+                    c_mean = tl.sum(g, axis=1) / n_c
+                    d = tl.where(mask, g - c_mean[:, None], 0.0)
+                    total = count + n_c
+                    delta = c_mean - mean
+                    mean = mean + delta * (n_c / total)
+                    m2 = m2 + tl.sum(d * d, axis=1) + delta * delta * (count * n_c / total)
+                    count = total
+                rstd = tl.rsqrt(m2 / N + eps)
+                tl.store(MEAN + rows, mean, mask=row_ok)
+                tl.store(RSTD + rows, rstd, mask=row_ok)
             for start in range(0, N, BLOCK_N):
                 c = start + cols
-                mask = row_ok[:, None] & (c < N)[None, :]
+                c_ok = c < N
+                mask = row_ok[:, None] & c_ok[None, :]
                 x = tl.load(X + row_off + c[None, :], mask=mask, other=0.0).to(tl.float32)
-                b = tl.load(B + c, mask=c < N, other=0.0).to(tl.float32)
-                g = _gelu(x + b[None, :], GELU)
-                n_c = tl.minimum(N - start, BLOCK_N).to(tl.float32)
-                c_mean = tl.sum(g, axis=1) / n_c
-                d = tl.where(mask, g - c_mean[:, None], 0.0)
-                total = count + n_c
-                delta = c_mean - mean
-                mean = mean + delta * (n_c / total)
-                m2 = m2 + tl.sum(d * d, axis=1) + delta * delta * (count * n_c / total)
-                count = total
-            rstd = tl.rsqrt(m2 / N + eps)
-            tl.store(MEAN + rows, mean, mask=row_ok)
-            tl.store(RSTD + rows, rstd, mask=row_ok)
-        for start in range(0, N, BLOCK_N):
-            c = start + cols
-            c_ok = c < N
-            mask = row_ok[:, None] & c_ok[None, :]
-            x = tl.load(X + row_off + c[None, :], mask=mask, other=0.0).to(tl.float32)
-            b = tl.load(B + c, mask=c_ok, other=0.0).to(tl.float32)
-            y = _gelu(x + b[None, :], GELU)
-            if LAYERNORM:
-                y = (y - mean[:, None]) * rstd[:, None]
-                if HAS_W:
-                    y = y * tl.load(W + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-                if HAS_LB:
-                    y = y + tl.load(LB + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-            tl.store(Y + row_off + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
+                b = tl.load(B + c, mask=c_ok, other=0.0).to(tl.float32)
+                y = _gelu(x + b[None, :], GELU, FAST)
+                if LAYERNORM:
+                    y = (y - mean[:, None]) * rstd[:, None]
+                    if HAS_W:
+                        y = y * tl.load(W + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+                    if HAS_LB:
+                        y = y + tl.load(LB + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+                tl.store(Y + row_off + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
 # ------------------------------------------------------------------------------------- backward
 @triton.jit
 def _backward_kernel(X, B, W, DY, MEAN, RSTD, DX, PART, M, N,
                      BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, GELU: tl.constexpr,
-                     HAS_W: tl.constexpr):
+                     HAS_W: tl.constexpr, EVEN_N: tl.constexpr, FAST: tl.constexpr):
     """Program p walks row blocks p, p + P, ...; PART[k, p, :] gets its partial column sums of
     k = 0: d(bias) = dv, 1: d(weight) = dy * xhat, 2: d(ln_bias) = dy."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
+    n_blocks = tl.cdiv(M, ROWS)
     cols = tl.arange(0, BLOCK_N)
     part_b = PART + pid * N
     part_w = PART + (n_prog + pid) * N
@@ -175,32 +236,43 @@ def _backward_kernel(X, B, W, DY, MEAN, RSTD, DX, PART, M, N,
         acc_b = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
         acc_w = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
         acc_lb = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-        for blk in range(pid, tl.cdiv(M, ROWS), n_prog):
+        rows = pid * ROWS + tl.arange(0, ROWS)
+        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        mask = _mask(rows, cols, M, N, EVEN_N)
+        x_next = tl.load(X + offs, mask=mask, other=0.0)
+        dy_next = tl.load(DY + offs, mask=mask, other=0.0)
+        for blk in range(pid, n_blocks, n_prog):
             rows = blk * ROWS + tl.arange(0, ROWS)
             row_ok = rows < M
-            mask = row_ok[:, None] & col_ok[None, :]
+            mask = _mask(rows, cols, M, N, EVEN_N)
             offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-            x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+            x = x_next.to(tl.float32)
+            dy = dy_next.to(tl.float32)
+            nxt = rows + n_prog * ROWS
+            n_offs = nxt.to(tl.int64)[:, None] * N + cols[None, :]
+            n_mask = _mask(nxt, cols, M, N, EVEN_N)
+            x_next = tl.load(X + n_offs, mask=n_mask, other=0.0)
+            dy_next = tl.load(DY + n_offs, mask=n_mask, other=0.0)
             mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)
-            rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
-            g, dg = _gelu_and_grad(x + b[None, :], GELU)
-            xhat = tl.where(mask, (g - mean[:, None]) * rstd[:, None], 0.0)
+            rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)  # 0 for rows past M: they add nothing
+            g, dg = _gelu_and_grad(x + b[None, :], GELU, FAST)
+            xhat = (g - mean[:, None]) * rstd[:, None]
             acc_lb += dy
-            acc_w += dy * xhat
+            acc_w += dy * xhat  # dy is 0 in masked lanes
             if HAS_W:
                 dy = dy * w[None, :]
             c1 = tl.sum(dy * xhat, axis=1) / N
             c2 = tl.sum(dy, axis=1) / N
-            dv = (dy - c2[:, None] - xhat * c1[:, None]) * rstd[:, None] * dg
-            dv = tl.where(mask, dv, 0.0)
+            dv = (dy - c2[:, None] - xhat * c1[:, None]) * (rstd[:, None] * dg)
+            if not EVEN_N:
+                dv = tl.where(col_ok[None, :], dv, 0.0)
             tl.store(DX + offs, dv.to(DX.dtype.element_ty), mask=mask)
             acc_b += dv
         tl.store(part_b + cols, tl.sum(acc_b, axis=0), mask=col_ok)
         tl.store(part_w + cols, tl.sum(acc_w, axis=0), mask=col_ok)
         tl.store(part_lb + cols, tl.sum(acc_lb, axis=0), mask=col_ok)
     else:  # wide rows: pass 1 gets the two row sums, pass 2 writes dx and adds into this program's partial row
-        for blk in range(pid, tl.cdiv(M, ROWS), n_prog):
+        for blk in range(pid, n_blocks, n_prog):
             rows = blk * ROWS + tl.arange(0, ROWS)
             row_ok = rows < M
             row_off = rows.to(tl.int64)[:, None] * N
@@ -215,7 +287,7 @@ def _backward_kernel(X, B, W, DY, MEAN, RSTD, DX, PART, M, N,
                 x = tl.load(X + row_off + c[None, :], mask=mask, other=0.0).to(tl.float32)
                 dy = tl.load(DY + row_off + c[None, :], mask=mask, other=0.0).to(tl.float32)
                 b = tl.load(B + c, mask=c_ok, other=0.0).to(tl.float32)
-                g = _gelu(x + b[None, :], GELU)
+                g = _gelu(x + b[None, :], GELU, FAST)
                 xhat = tl.where(mask, (g - mean[:, None]) * rstd[:, None], 0.0)
                 if HAS_W:
                     dy = dy * tl.load(W + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
@@ -230,7 +302,7 @@ def _backward_kernel(X, B, W, DY, MEAN, RSTD, DX, PART, M, N,
                 x = tl.load(X + row_off + c[None, :], mask=mask, other=0.0).to(tl.float32)
                 dy = tl.load(DY + row_off + c[None, :], mask=mask, other=0.0).to(tl.float32)
                 b = tl.load(B + c, mask=c_ok, other=0.0).to(tl.float32)
-                g, dg = _gelu_and_grad(x + b[None, :], GELU)
+                g, dg = _gelu_and_grad(x + b[None, :], GELU, FAST)
                 xhat = tl.where(mask, (g - mean[:, None]) * rstd[:, None], 0.0)
                 tl.store(part_lb + c, tl.load(part_lb + c, mask=c_ok) + tl.sum(dy, axis=0), mask=c_ok)
                 tl.store(part_w + c, tl.load(part_w + c, mask=c_ok) + tl.sum(dy * xhat, axis=0), mask=c_ok)
@@ -284,23 +356,34 @@ class Config:
             raise ValueError(f"Config.programs_per_sm must be >= 1, got {self.programs_per_sm}")
 
 
+# Measured on the H200 (a sweep of rows x warps x programs per SM at M x N = 64M elements):
+# (bits per element, block) -> (rows per program, warps, programs per SM)
+_FORWARD_TABLE = {(16, 1024): (1, 2, 8), (16, 2048): (2, 2, 4), (16, 4096): (2, 4, 2), (16, 8192): (1, 16, 2),
+                  (32, 1024): (1, 2, 8), (32, 2048): (1, 4, 4), (32, 4096): (1, 8, 2), (32, 8192): (1, 16, 2)}
+_BACKWARD_TABLE = {(16, 1024): (4, 4, 2), (16, 2048): (4, 8, 1), (16, 4096): (1, 16, 1), (16, 8192): (1, 16, 1),
+                   (32, 1024): (2, 16, 2), (32, 2048): (1, 8, 2), (32, 4096): (1, 16, 1), (32, 8192): (1, 16, 1)}
+
+
 def forward_config(n: int, dtype: torch.dtype) -> Config:
-    """The measured table (H200, notebook 04's tuning sweep) for the forward: a whole row in one
-    block up to ``MAX_BLOCK_FWD``; several rows per program while a row is short; warps growing with
-    the row."""
+    """The forward's launch shape: the measured table where it has the row width, else the rule it
+    suggests (a whole row in one block up to ``MAX_BLOCK_FWD``; ~16 elements per thread; a few
+    programs per SM, each looping over row blocks)."""
     block = min(triton.next_power_of_2(n), MAX_BLOCK_FWD)
-    elements = 4096 if dtype == torch.float32 else 8192  # ~16 KB of input per program
-    rows = max(1, min(16, elements // block))
-    warps = max(4, min(16, block * rows // 512))
-    return Config(block, rows, warps)
+    bits = 8 * torch.tensor([], dtype=dtype).element_size()
+    if (bits, block) in _FORWARD_TABLE:
+        return Config(block, *_FORWARD_TABLE[bits, block])
+    rows = max(1, min(8, 1024 // block))
+    return Config(block, rows, max(1, min(16, block * rows // 512)), programs_per_sm=max(2, min(8, 8192 // block)))
 
 
 def backward_config(n: int, dtype: torch.dtype) -> Config:
-    """The measured table for the backward (see :func:`forward_config`)."""
+    """The backward's launch shape (see :func:`forward_config`)."""
     block = min(triton.next_power_of_2(n), MAX_BLOCK_BWD)
+    bits = 8 * torch.tensor([], dtype=dtype).element_size()
+    if (bits, block) in _BACKWARD_TABLE:
+        return Config(block, *_BACKWARD_TABLE[bits, block])
     rows = max(1, min(8, 2048 // block))
-    warps = max(4, min(16, block * rows // 256))
-    return Config(block, rows, warps, programs_per_sm=2)
+    return Config(block, rows, max(4, min(16, block * rows // 256)), programs_per_sm=2)
 
 
 def _sm_count(device: torch.device) -> int:
@@ -370,10 +453,12 @@ def forward(x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor | None = N
         return y, mean, rstd
     m = x.numel() // n
     cfg = config or forward_config(n, x.dtype)
-    _forward_kernel[(triton.cdiv(m, cfg.rows),)](
+    programs = max(1, min(triton.cdiv(m, cfg.rows), cfg.programs_per_sm * _sm_count(x.device)))
+    _forward_kernel[(programs,)](
         x, bias, weight if weight is not None else x, ln_bias if ln_bias is not None else x, y, mean, rstd,
         m, n, eps, BLOCK_N=cfg.block_n, ROWS=cfg.rows, SINGLE=cfg.block_n >= n, GELU=mode, LAYERNORM=layernorm,
-        HAS_W=weight is not None, HAS_LB=ln_bias is not None, num_warps=cfg.num_warps)
+        HAS_W=weight is not None, HAS_LB=ln_bias is not None, EVEN_N=cfg.block_n == n, FAST=FAST_ASM,
+        num_warps=cfg.num_warps)
     return y, mean, rstd
 
 
@@ -399,7 +484,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, weight: torc
     _backward_kernel[(programs,)](
         x, bias, weight if weight is not None else x, dy, mean, rstd, dx, part, m, n,
         BLOCK_N=cfg.block_n, ROWS=cfg.rows, SINGLE=cfg.block_n >= n, GELU=mode, HAS_W=weight is not None,
-        num_warps=cfg.num_warps)
+        EVEN_N=cfg.block_n == n, FAST=FAST_ASM, num_warps=cfg.num_warps)
     block_c = min(256, triton.next_power_of_2(n))
     _sum_partials_kernel[(triton.cdiv(n, block_c), 3)](part, *grads, programs, n, BLOCK_P=32, BLOCK_C=block_c,
                                                        num_warps=4)
