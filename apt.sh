@@ -24,19 +24,10 @@ apt-get update and installs the missing base packages of the course.
 EOF
 }
 
-DRY_RUN=0
-for arg in "$@"; do
-  case "$arg" in
-    -n|--dry-run) DRY_RUN=1 ;;
-    -h|--help) usage; exit 0 ;;
-    *) echo "apt.sh: unknown argument: $arg (see: bash apt.sh --help)" >&2; exit 2 ;;
-  esac
-done
-
-if [ "$DRY_RUN" = 0 ] && [ "${SKIP_ROOT_CHECK:-0}" != 1 ] && [ "$(id -u)" != 0 ]; then
-  echo "apt.sh: must be run as root: sudo bash apt.sh (or try: bash apt.sh --dry-run)" >&2
-  exit 1
-fi
+SCRIPT=apt.sh
+# shellcheck source-path=SCRIPTDIR source=setup-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/setup-common.sh"
+parse_args "$@"
 
 # apt.conf(5): list entries given again in a later file are appended, not replaced, so
 # this drop-in adds to whatever Package-Blacklist 50unattended-upgrades already has.
@@ -61,48 +52,8 @@ Unattended-Upgrade::Package-Blacklist {
 PACKAGES=(apt-transport-https ca-certificates curl software-properties-common pwgen
           python3-venv python3-pip git build-essential)
 
-export DEBIAN_FRONTEND=noninteractive
-APT_OPTS=(-o DPkg::Lock::Timeout=300)  # wait for cloud-init / unattended-upgrades
-
-run() {  # run a command, or only print it in dry-run mode
-  if [ "$DRY_RUN" = 1 ]; then echo "DRY-RUN: $*"; else echo "+ $*"; "$@"; fi
-}
-
-is_installed() {
-  # shellcheck disable=SC2016  # ${Status} is a dpkg-query field, not a shell variable
-  [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]
-}
-
-write_file() {  # write_file PATH CONTENT: (re)write PATH only if its content differs
-  local path=$1 content=$2 tmp
-  if [ -f "$path" ] && [ "$(cat "$path")" = "$content" ]; then
-    echo "ok: $path is up to date"
-  elif [ "$DRY_RUN" = 1 ]; then
-    echo "DRY-RUN: write $path"
-    printf '%s\n' "$content" | sed 's/^/    /'
-  else
-    echo "+ write $path"
-    mkdir -p "$(dirname "$path")"
-    tmp=$(mktemp "$(dirname "$path")/.tmp.XXXXXX")
-    printf '%s\n' "$content" >"$tmp"
-    chmod 0644 "$tmp"
-    mv -f "$tmp" "$path"
-  fi
-}
-
-if [ "$DRY_RUN" = 1 ]; then echo "DRY-RUN: nothing below is executed or written"; fi
-
 write_file "$BLACKLIST_FILE" "$BLACKLIST_CONTENT"
 
-missing=()
-for pkg in "${PACKAGES[@]}"; do
-  if is_installed "$pkg"; then echo "ok: $pkg is already installed"; else missing+=("$pkg"); fi
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  run apt-get update "${APT_OPTS[@]}"
-  run apt-get install -y "${APT_OPTS[@]}" "${missing[@]}"
-else
-  echo "ok: all base packages are installed (apt-get update not needed)"
-fi
+apt_install "${PACKAGES[@]}"
 
 echo "apt.sh done. Next: sudo bash nvidia-drivers-install.sh"

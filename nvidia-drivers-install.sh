@@ -24,19 +24,10 @@ Environment: NVIDIA_DRIVER_PACKAGE (default nvidia-driver-580-server-open),
 EOF
 }
 
-DRY_RUN=0
-for arg in "$@"; do
-  case "$arg" in
-    -n|--dry-run) DRY_RUN=1 ;;
-    -h|--help) usage; exit 0 ;;
-    *) echo "nvidia-drivers-install.sh: unknown argument: $arg (see --help)" >&2; exit 2 ;;
-  esac
-done
-
-if [ "$DRY_RUN" = 0 ] && [ "${SKIP_ROOT_CHECK:-0}" != 1 ] && [ "$(id -u)" != 0 ]; then
-  echo "nvidia-drivers-install.sh: must be run as root: sudo bash $0 (or try --dry-run)" >&2
-  exit 1
-fi
+SCRIPT=nvidia-drivers-install.sh
+# shellcheck source-path=SCRIPTDIR source=setup-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/setup-common.sh"
+parse_args "$@"
 
 # Default driver: the R580 production branch (the article's 510 is long end-of-life).
 # R580 drives Hopper H100/H200, Ada (RTX 6000 Ada, L40S, L4), Ampere A100/A6000 and is
@@ -50,31 +41,6 @@ DRIVER_PKG="${NVIDIA_DRIVER_PACKAGE:-nvidia-driver-580-server-open}"
 NVITOP_SPEC="${NVITOP_SPEC:-nvitop}"
 NVITOP_VENV="${ROOT:-}/opt/nvitop"
 NVITOP_LINK="${ROOT:-}/usr/local/bin/nvitop"
-
-export DEBIAN_FRONTEND=noninteractive
-APT_OPTS=(-o DPkg::Lock::Timeout=300)  # wait for cloud-init / unattended-upgrades
-UPDATED=0
-
-run() {  # run a command, or only print it in dry-run mode
-  if [ "$DRY_RUN" = 1 ]; then echo "DRY-RUN: $*"; else echo "+ $*"; "$@"; fi
-}
-
-is_installed() {
-  # shellcheck disable=SC2016  # ${Status} is a dpkg-query field, not a shell variable
-  [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]
-}
-
-apt_install() {  # apt_install PKG...: install those not installed yet (one apt-get update first)
-  local missing=() pkg
-  for pkg in "$@"; do
-    if is_installed "$pkg"; then echo "ok: $pkg is already installed"; else missing+=("$pkg"); fi
-  done
-  if [ "${#missing[@]}" -eq 0 ]; then return 0; fi
-  if [ "$UPDATED" = 0 ]; then run apt-get update "${APT_OPTS[@]}"; UPDATED=1; fi
-  run apt-get install -y "${APT_OPTS[@]}" "${missing[@]}"
-}
-
-if [ "$DRY_RUN" = 1 ]; then echo "DRY-RUN: nothing below is executed or written"; fi
 
 # 1. Kernel headers for every installed kernel (linux-version comes with linux-base).
 command -v linux-version >/dev/null 2>&1 || apt_install linux-base

