@@ -45,6 +45,7 @@ class PointSpec:
     cap_gb: float | None = None
     lora_r: int = 16
     attn: str = "sdpa"  # attention kernel: "sdpa" (today's default) or "eager" (the seed's transformers 4.31)
+    grad_ckpt: bool = True  # gradient checkpointing (QLoRA recipes turn it on)
     max_len: int | None = None  # truncate texts to this many tokens (None: the data's full lengths)
     warmup_steps: int = 2  # the first holds the longest texts: the epoch's peak memory
     timed_steps: int = 3
@@ -56,7 +57,7 @@ class PointSpec:
         if self.kind == "generate":
             return f"generate/{self.model}/cap={cap}/r={self.lora_r}/{self.attn}/new={','.join(map(str, self.new_tokens))}"
         return (f"train/{self.model}/b={self.batch_size}/cap={cap}/r={self.lora_r}/{self.attn}/len={self.max_len}"
-                f"/steps={self.warmup_steps}+{self.timed_steps}")
+                f"/steps={self.warmup_steps}+{self.timed_steps}" + ("" if self.grad_ckpt else "/no-ckpt"))
 
     def validate(self, card_gb: float | None) -> None:
         """Raise ValueError naming the problem; ``card_gb``: this GPU's memory in GiB (None: no GPU)."""
@@ -156,7 +157,8 @@ def run_train(spec: PointSpec, data: TokenizedData, device: torch.device) -> lis
     batches = make_batches(data.token_ids, spec.batch_size, spec.warmup_steps + spec.timed_steps, spec.max_len)
     timed = batches[spec.warmup_steps:]
     record.update(max_seq_len=max(b["input_ids"].shape[1] for b in batches),
-                  mean_seq_len=statistics.fmean(float(b["attention_mask"].sum(1).float().mean()) for b in timed))
+                  mean_seq_len=statistics.fmean(float(b["attention_mask"].sum(1).float().mean()) for b in timed),
+                  mean_padded_len=statistics.fmean(b["input_ids"].shape[1] for b in timed))
     if device.type == "cuda":
         record.update(apply_cap(spec.cap_gb))
         torch.cuda.reset_peak_memory_stats()
@@ -164,7 +166,7 @@ def run_train(spec: PointSpec, data: TokenizedData, device: torch.device) -> lis
     meter = None
     try:
         model, source = build_model(spec.model, device, vocab_size=data.vocab_size, attn=spec.attn)
-        model = attach_lora(model, LoraSettings(r=spec.lora_r))
+        model = attach_lora(model, LoraSettings(r=spec.lora_r), gradient_checkpointing=spec.grad_ckpt)
         record["weights"] = source
         stage = "train"
         record["checkpointing"] = check_checkpointing(model, batches[0]["input_ids"][:1, :16].to(device))

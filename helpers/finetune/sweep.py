@@ -33,8 +33,24 @@ TOPIC = "finetune"
 CAPS: dict[float | None, str] = {None: "whole card", 40: "A100 40GB", 48: "RTX 6000 Ada 48GB"}
 BATCH_SIZES = (1, 2, 4, 8, 16, 20, 25, 32)
 NEW_TOKENS = (64, 128, 256, 512)
+SEED_MAX_LEN = 1024
 
 Runner = Callable[[PointSpec, Path], list[dict]]
+
+
+def full_plan() -> list[PointSpec]:
+    """The notebook's sweep at full scale.
+
+    The seed's stack: eager attention (transformers 4.31 had no fused attention for Llama) and texts
+    cut at 1,024 tokens (trl's SFTTrainer default when ``max_seq_length`` is not given, as in the
+    seed's script). Beside it: 7B with today's fused attention (sdpa); 70B at LoRA ranks 8 and 2
+    under the 40 GB cap (the seed's A100 attempts); one 7B point without gradient checkpointing.
+    """
+    seed = {"attn": "eager", "max_len": SEED_MAX_LEN}
+    return (plan(("7b", "13b", "70b"), **seed)
+            + plan(("7b",), caps=(None,), attn="sdpa", max_len=SEED_MAX_LEN)
+            + [PointSpec("train", "70b", 1, 40, lora_r=r, **seed) for r in (8, 2)]
+            + [PointSpec("train", "7b", 4, None, grad_ckpt=False, **seed)])
 
 
 def plan(models: Iterable[str] = ("7b", "13b", "70b"), batch_sizes: Iterable[int] = BATCH_SIZES,
@@ -195,18 +211,20 @@ def pending(points: list[PointSpec], store_path: Path | None = None) -> list[Poi
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Run (or resume) the QLoRA fine-tuning sweep.")
+    parser.add_argument("--full-plan", action="store_true", help="the notebook's whole sweep (other options ignored)")
     parser.add_argument("--models", nargs="+", default=["7b", "13b", "70b"])
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=list(BATCH_SIZES))
     parser.add_argument("--caps", nargs="+", default=["none", "40", "48"], help="GiB, or 'none' for the whole card")
     parser.add_argument("--lora-r", type=int, default=16)
-    parser.add_argument("--attn", default="sdpa")
-    parser.add_argument("--max-len", type=int, default=None)
+    parser.add_argument("--attn", default="eager")
+    parser.add_argument("--max-len", type=int, default=SEED_MAX_LEN, help="0: no truncation")
     parser.add_argument("--no-generate", action="store_true")
     parser.add_argument("--budget-s", type=float, default=None, help="start no new point after this many seconds")
     args = parser.parse_args(argv)
     caps = [None if c == "none" else float(c) for c in args.caps]
-    points = plan(args.models, args.batch_sizes, caps, generate=not args.no_generate, lora_r=args.lora_r,
-                  attn=args.attn, max_len=args.max_len)
+    points = full_plan() if args.full_plan else plan(
+        args.models, args.batch_sizes, caps, generate=not args.no_generate, lora_r=args.lora_r, attn=args.attn,
+        max_len=args.max_len or None)
     records = run_sweep(points, budget_s=args.budget_s)
     left = pending(points)
     print(f"{len(records)} records saved to {results.path_for(TOPIC)}; {len(left)} of {len(points)} points left")
