@@ -1,6 +1,6 @@
 """The sweep: model x batch size x memory cap (and generation per model and cap), one process a point.
 
-    python -m helpers.finetune.sweep --models 7b 13b --budget-s 500     # a chunk; run again to go on
+    python -m helpers.finetune.sweep --full-plan --budget-s 400     # a chunk; run again to go on
 
 Each point runs in a subprocess (``python -m helpers.finetune.point``), so an out-of-memory error
 or a crash cannot poison the next point. As each point finishes, its records are appended to a
@@ -39,18 +39,21 @@ Runner = Callable[[PointSpec, Path], list[dict]]
 
 
 def full_plan() -> list[PointSpec]:
-    """The notebook's sweep at full scale.
+    """The notebook's sweep at full scale, in the order that answers the seed's claims first.
 
     The seed's stack: eager attention (transformers 4.31 had no fused attention for Llama) and texts
     cut at 1,024 tokens (trl's SFTTrainer default when ``max_seq_length`` is not given, as in the
-    seed's script). Beside it: 7B with today's fused attention (sdpa); 70B at LoRA ranks 8 and 2
-    under the 40 GB cap (the seed's A100 attempts); one 7B point without gradient checkpointing.
+    seed's script). First the two emulated cards for every model, then 70B at LoRA ranks 8 and 2
+    under the 40 GB cap (the seed's A100 attempts), then the whole card, one 7B point without
+    gradient checkpointing, and 7B with today's fused attention (sdpa).
     """
     seed = {"attn": "eager", "max_len": SEED_MAX_LEN}
-    return (plan(("7b", "13b", "70b"), **seed)
-            + plan(("7b",), caps=(None,), attn="sdpa", max_len=SEED_MAX_LEN)
+    models = ("7b", "13b", "70b")
+    return (plan(models, caps=(40, 48), **seed)
             + [PointSpec("train", "70b", 1, 40, lora_r=r, **seed) for r in (8, 2)]
-            + [PointSpec("train", "7b", 4, None, grad_ckpt=False, **seed)])
+            + plan(models, caps=(None,), **seed)
+            + [PointSpec("train", "7b", 4, None, grad_ckpt=False, **seed)]
+            + plan(("7b",), caps=(None,), attn="sdpa", max_len=SEED_MAX_LEN))
 
 
 def plan(models: Iterable[str] = ("7b", "13b", "70b"), batch_sizes: Iterable[int] = BATCH_SIZES,
@@ -74,8 +77,11 @@ def card_gb() -> float | None:
 
     pynvml.nvmlInit()
     try:
-        index = int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0)
-        return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).total / GiB
+        first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+        handle = (pynvml.nvmlDeviceGetHandleByIndex(int(first)) if first.isdigit()
+                  else pynvml.nvmlDeviceGetHandleByUUID(first) if first.startswith(("GPU-", "MIG-"))
+                  else pynvml.nvmlDeviceGetHandleByIndex(0))
+        return pynvml.nvmlDeviceGetMemoryInfo(handle).total / GiB
     finally:
         pynvml.nvmlShutdown()
 
