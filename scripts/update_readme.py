@@ -1,6 +1,6 @@
 """Rebuild the README's "Results at a glance" table from the committed results files.
 
-    python scripts/update_readme.py           # rewrite the block in README.md
+    python scripts/update_readme.py           # rewrite the block in README.md and results/<gpu>/summary.png
     python scripts/update_readme.py --check   # exit 1 if README.md is out of date (the tests run this)
 
 Every number in the table is read from results/<gpu>/<topic>.json through helpers.results; a topic
@@ -9,7 +9,6 @@ with no file yet is left out.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -58,18 +57,17 @@ def _roofline(res: results.Result, spec: specs.GpuSpec | None) -> list[tuple[str
 def _fused(res: results.Result) -> list[tuple[str, str, str]]:
     rows = []
     for pass_ in ("fwd", "fwd+bwd"):
-        for dtype in ("bfloat16", "float32"):
-            recs = [r for r in res.records if r["pass"] == pass_ and str(r["dtype"]).endswith(dtype.replace("float", ""))
-                    or r["pass"] == pass_ and r["dtype"] == dtype]
-            by_impl = {impl: [r for r in recs if r["impl"] == impl] for impl in ("triton", "eager", "compile")}
-            if not all(by_impl.values()):
+        for dtype in ("bf16", "fp32"):
+            ms = {(r["impl"], r["N"]): r["ms"] for r in res.where(**{"pass": pass_, "dtype": dtype})}
+            ns = sorted(n for impl, n in ms if impl == "triton")
+            if not ns:
                 continue
-            speed = {impl: statistics.median(r["ms"] for r in rs) for impl, rs in by_impl.items()}
-            ns = sorted({r["N"] for r in by_impl["triton"]})
-            pct = [100 * r["gbps"] / r["copy_gbps"] for r in by_impl["triton"]]
+            vs = {base: [ms[(base, n)] / ms[("triton", n)] for n in ns] for base in ("eager", "compile")}
+            pct = [100 * r["gbps"] / r["copy_gbps"] for r in res.where(impl="triton", dtype=dtype, **{"pass": pass_})]
             rows.append((f"fused bias+GELU+LayerNorm {pass_}, {dtype}, N = {ns[0]}..{ns[-1]}",
-                         f"{speed['eager'] / speed['triton']:.1f}x eager, {speed['compile'] / speed['triton']:.2f}x torch.compile",
-                         f"{min(pct):.0f}-{max(pct):.0f}% of the copy bandwidth" if pass_ == "fwd" else "median over N"))
+                         f"{min(vs['eager']):.1f}-{max(vs['eager']):.1f}x eager, "
+                         f"{min(vs['compile']):.2f}-{max(vs['compile']):.2f}x torch.compile",
+                         f"{min(pct):.0f}-{max(pct):.0f}% of the copy bandwidth"))
     return rows
 
 
@@ -87,6 +85,47 @@ def _attention(res: results.Result) -> list[tuple[str, str, str]]:
     return rows
 
 
+def summary_figure(gpu: str = "h200") -> Path | None:
+    """results/<gpu>/summary.png: the attention race at the target shape, and the fused kernel against
+    eager and torch.compile, as bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from helpers.plots import use_course_style
+
+    attention, fused = _load("flash_attention", gpu), _load("fused_bias_gelu_layernorm", gpu)
+    if attention is None or fused is None:
+        return None
+    use_course_style()
+    fig, (ax_a, ax_f) = plt.subplots(1, 2, figsize=(12, 4))
+    impls = ["naive", "sdpa_efficient", "sdpa_flash", "triton", "sdpa_cudnn"]
+    for i, pass_ in enumerate(("fwd", "fwd+bwd")):
+        tf = {r["impl"]: r["tflops"] for r in attention.where(B=4, H=32, S=4096, D=128, causal=False, **{"pass": pass_})}
+        ax_a.bar([x + 0.4 * i for x in range(len(impls))], [tf[k] for k in impls], 0.4, label=pass_)
+    names = {"naive": "PyTorch\nnaive", "sdpa_efficient": "SDPA\nefficient", "sdpa_flash": "SDPA flash\n(FA2)",
+             "triton": "this course\n(Triton)", "sdpa_cudnn": "SDPA\ncuDNN"}
+    ax_a.set_xticks([x + 0.2 for x in range(len(impls))], [names[k] for k in impls])
+    ax_a.set_ylabel("TFLOP/s")
+    ax_a.set_title("attention, bf16, B4 H32 S4096 D128, non-causal")
+    ax_a.legend()
+    ns = sorted({r["N"] for r in fused.where(impl="triton", dtype="bf16")})
+    for i, impl in enumerate(("eager", "compile", "triton")):
+        ms = {r["N"]: r["ms"] for r in fused.where(impl=impl, dtype="bf16", **{"pass": "fwd"})}
+        ax_f.bar([x + 0.27 * i for x in range(len(ns))], [ms[n] * 1e3 for n in ns], 0.27,
+                 label={"compile": "torch.compile", "triton": "fused Triton"}.get(impl, impl))
+    ax_f.set_xticks([x + 0.27 for x in range(len(ns))], [f"N = {n}" for n in ns])
+    ax_f.set_ylabel("time for 64M elements [µs]")
+    ax_f.set_title("bias + GELU + LayerNorm forward, bf16")
+    ax_f.legend()
+    fig.suptitle(f"{attention.provenance['gpu']}: the course's kernels against PyTorch (from results/{gpu}/)")
+    path = results.REPO_ROOT / "results" / gpu / "summary.png"
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
 def render(gpu: str = "h200") -> str:
     """The markdown block: one table row per headline measurement, then the provenance of each file."""
     ceilings = _load("ceilings", gpu)
@@ -102,7 +141,8 @@ def render(gpu: str = "h200") -> str:
                 ("flash_attention", _load("flash_attention", gpu), _attention, "05")]
     lines = [f"Measured on one {ceilings.provenance['gpu']} by the notebooks; every row is read from "
              f"`results/{gpu}/` by `scripts/update_readme.py`.", "",
-             "| measurement | result | for scale | notebook |", "| --- | --- | --- | --- |"]
+             f"![summary](results/{gpu}/summary.png)", "",
+             "| measurement | result | context | notebook |", "| --- | --- | --- | --- |"]
     sources = []
     for topic, res, rows, nb in sections:
         if res is None:
@@ -125,6 +165,7 @@ def main() -> None:
     if args.check:
         sys.exit(0 if new == text else "README.md's results table is out of date: run python scripts/update_readme.py")
     Path(README).write_text(new)
+    summary_figure()
 
 
 if __name__ == "__main__":
