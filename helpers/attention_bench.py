@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .bench import time_fn
+from .bench import peak_memory_bytes, time_fn
 from .device import HAS_CUDA
 from .kernels.flash_attention import attention_reference, flash_attention
 
@@ -74,16 +74,6 @@ def _step(fn: Callable, q, k, v, do, causal: bool, pass_: str) -> Callable[[], o
     return run
 
 
-def peak_memory_bytes(run: Callable[[], object]) -> int:
-    """Bytes allocated at the peak of ``run()`` above what was allocated before it (CUDA only)."""
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    run()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base
-
-
 def measure(impl: str, B: int, H: int, S: int, D: int, causal: bool, dtype: torch.dtype, pass_: str,
             H_kv: int | None = None, **time_kwargs) -> dict:
     """One results record: time, TFLOP/s and peak extra memory of one implementation on one shape.
@@ -91,15 +81,17 @@ def measure(impl: str, B: int, H: int, S: int, D: int, causal: bool, dtype: torc
     An implementation that runs out of memory or has no kernel for the shape is a result too: its
     record has ``status`` "oom" or "unsupported" and no time.
     """
+    if pass_ not in ("fwd", "fwd+bwd"):
+        raise ValueError(f"pass_ must be 'fwd' or 'fwd+bwd' (a timed step always runs the forward), got {pass_!r}")
     fn = implementation(impl)
     q, k, v, do = make_inputs(B, H, S, D, dtype, H_kv)
-    record = {"impl": impl, "pass": pass_, "B": B, "H": H, "S": S, "D": D, "causal": causal,
+    record = {"impl": impl, "pass": pass_, "B": B, "H": H, "H_kv": H_kv or H, "S": S, "D": D, "causal": causal,
               "dtype": str(dtype).removeprefix("torch."), "status": "ok", "ms": None, "tflops": None,
               "peak_mem_bytes": None}
     run = _step(fn, q, k, v, do, causal, pass_)
     try:
         with (torch.cuda.device(q.device) if HAS_CUDA else contextlib.nullcontext()):
-            record["peak_mem_bytes"] = peak_memory_bytes(run) if HAS_CUDA else None
+            record["peak_mem_bytes"] = peak_memory_bytes(run, warmup=True)  # warm-up: autotuning stays out
             timing = time_fn(run, **time_kwargs)
     except torch.cuda.OutOfMemoryError:
         record["status"] = "oom"

@@ -151,3 +151,23 @@ def matmul_tflops(dtype: str = "bf16", n: int | None = None) -> dict:
     finally:
         torch.set_float32_matmul_precision(previous)
     return {"what": "matmul", "dtype": dtype, "n": n, "ms": timing.ms, "tflops": timing.tflops(2.0 * n**3)}
+
+
+def peak_memory_bytes(fn: Callable[[], object], warmup: bool = False) -> int | None:
+    """Bytes the CUDA allocator held at its peak during ``fn()`` beyond what was allocated before it
+    (the outputs and intermediates ``fn`` creates); None without a GPU (the CPU allocator keeps no peak).
+
+    ``warmup=True`` calls ``fn`` once first, so one-off allocations (autotuning, workspaces) stay out.
+    """
+    if not HAS_CUDA:
+        return None
+    if warmup:
+        fn()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del result
+    return peak

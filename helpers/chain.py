@@ -7,6 +7,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .bench import peak_memory_bytes as peak_extra_memory  # noqa: F401  (notebook 03 calls it by this name)
 from .device import HAS_CUDA
 
 
@@ -87,18 +88,3 @@ def profile_kernels(fn: Callable[[], object], reps: int = 5) -> list[dict]:
             total = evt.self_cpu_time_total
         rows.append({"name": evt.key, "calls": evt.count // reps, "us_per_call": total / max(evt.count, 1)})
     return sorted(rows, key=lambda r: -r["us_per_call"] * r["calls"])
-
-
-def peak_extra_memory(fn: Callable[[], object]) -> int | None:
-    """Bytes the device allocator held at its peak during ``fn()`` beyond what was allocated before
-    (the outputs and intermediates ``fn`` creates); None without a GPU (the CPU allocator keeps no peak)."""
-    if not HAS_CUDA:
-        return None
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    result = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    del result
-    return peak

@@ -32,5 +32,10 @@ def test_measure_record(pass_):
     dtype = torch.float16 if HAS_CUDA else torch.float32
     r = measure("naive", 1, 2, 32, 64, False, dtype, pass_, warmup_ms=0, rep_ms=1, min_reps=2)
     assert r["status"] == "ok" and r["ms"] > 0 and r["tflops"] > 0
-    assert {k: r[k] for k in ("impl", "pass", "B", "H", "S", "D", "causal")} == \
-        {"impl": "naive", "pass": pass_, "B": 1, "H": 2, "S": 32, "D": 64, "causal": False}
+    assert {k: r[k] for k in ("impl", "pass", "B", "H", "H_kv", "S", "D", "causal")} == \
+        {"impl": "naive", "pass": pass_, "B": 1, "H": 2, "H_kv": 2, "S": 32, "D": 64, "causal": False}
+
+
+def test_measure_refuses_a_backward_it_cannot_time_alone():
+    with pytest.raises(ValueError, match="fwd"):
+        measure("naive", 1, 2, 32, 64, False, torch.float32, "bwd")

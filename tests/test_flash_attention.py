@@ -98,3 +98,41 @@ def test_bad_dtypes_and_layouts_are_named():
     with pytest.raises(ValueError, match="contiguous"):
         t = torch.randn(1, 2, 64, 8, device=DEVICE, dtype=DTYPES[0]).transpose(-1, -2)
         flash_attention(t, t, t)
+
+
+@pytest.mark.parametrize("layout", ["packed_qkv", "bshd"])
+def test_strided_inputs_forward_and_backward(layout):
+    """A slice of a packed QKV tensor (not dense) and a (B, S, H, D) view (dense, permuted) both work,
+    gradients included."""
+    dtype = DTYPES[0]
+    torch.manual_seed(7)
+    B, H, S, D = 1, 2, 33, 64
+    if layout == "packed_qkv":
+        qkv = torch.randn(B, H, S, 3 * D, device=DEVICE, dtype=dtype, requires_grad=True)
+        q, k, v = qkv[..., :D], qkv[..., D:2 * D], qkv[..., 2 * D:]
+        leaves = [qkv]
+    else:
+        bshd = [torch.randn(B, S, H, D, device=DEVICE, dtype=dtype, requires_grad=True) for _ in range(3)]
+        q, k, v = (t.transpose(1, 2) for t in bshd)
+        leaves = bshd
+    do = torch.randn(B, H, S, D, device=DEVICE, dtype=dtype)
+    out = flash_attention(q, k, v, causal=True)
+    grads = torch.autograd.grad(out, leaves, do)
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    if layout == "packed_qkv":
+        q64, k64, v64 = (leaves64[0][..., i * D:(i + 1) * D] for i in range(3))
+    else:
+        q64, k64, v64 = (t.transpose(1, 2) for t in leaves64)
+    ref = attention_reference(q64, k64, v64, causal=True)
+    grads64 = torch.autograd.grad(ref, leaves64, do.double())
+    assert rel_err(out, ref) < TOLERANCE[dtype]
+    for got, want in zip(grads, grads64):
+        assert rel_err(got, want) < TOLERANCE[dtype]
+
+
+def test_dense_check():
+    from helpers.kernels.flash_attention import _is_dense
+
+    t = torch.randn(2, 3, 5, 8)
+    assert _is_dense(t) and _is_dense(t.transpose(1, 2)) and _is_dense(t[:1])
+    assert not _is_dense(t[..., :4]) and not _is_dense(t[:, :, ::2]) and not _is_dense(t[:, :1])

@@ -87,7 +87,7 @@ def _fwd_kernel(Q, K, V, O, LSE,
                 H, GROUP, SQ, SK, qk_scale,
                 CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     start_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B*H*S*D may pass 2**31
     b = bh // H
     h = bh % H
     hk = h // GROUP
@@ -128,7 +128,7 @@ def _bwd_delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_od,
                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     """delta_i = sum_d dO_id * O_id: the row term of the softmax gradient."""
     start_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B*H*S*D may pass 2**31
     b = bh // H
     h = bh % H
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -153,7 +153,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
     """One tile of keys of one K/V head: dK and dV summed over every query tile and every query head
     of its group (no atomics, so the result is deterministic)."""
     start_n = tl.program_id(0)
-    bhk = tl.program_id(1)
+    bhk = tl.program_id(1).to(tl.int64)
     b = bhk // HKV
     hk = bhk % HKV
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -212,7 +212,7 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One tile of queries: dQ over every key tile it attends to."""
     start_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B*H*S*D may pass 2**31
     b = bh // H
     h = bh % H
     hk = h // GROUP
@@ -338,7 +338,20 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     """
     _check_inputs(q, k, v, causal)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    q, k, v = (t if _is_dense(t) else t.contiguous() for t in (q, k, v))
     return FlashAttentionFunction.apply(q, k, v, bool(causal), scale)
+
+
+def _is_dense(t: torch.Tensor) -> bool:
+    """True if ``t`` fills its storage without gaps or overlaps (any order of dimensions), so that
+    ``torch.empty_like(t)`` has ``t``'s strides: the backward writes dQ, dK, dV with those strides.
+    A slice of a packed QKV tensor is not dense."""
+    expected = 1
+    for size, stride in sorted((d for d in zip(t.shape, t.stride()) if d[0] != 1), key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
