@@ -232,3 +232,13 @@ def test_bad_input_is_a_clear_error():
         K.backward(x[:2], x, b, w, torch.zeros(4), torch.ones(4))
     with pytest.raises(ValueError, match="power of two"):
         K.Config(1000, 1, 4)
+
+
+def test_backward_refuses_statistics_that_do_not_belong_to_x():
+    x = torch.randn(4, 64, device=DEV)
+    b = torch.randn(64, device=DEV)
+    y, mean, rstd = K.forward(x, b)
+    for bad_mean, bad_rstd in ((mean[:3], rstd), (mean, rstd.double()), (mean, None)):
+        with pytest.raises(ValueError, match="statistics"):
+            K.backward(torch.randn_like(y), x, b, None, bad_mean, bad_rstd)
+    assert K.forward(x, b, layernorm=False)[1:] == (None, None)

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import device as _device  # noqa: F401  (sets TRITON_INTERPRET before the kernels are defined)
+from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernels are defined
 
 GELU_MODES = {"none": 0, "erf": 1, "erf_fast": 2, "tanh": 3}
 AUTO_GELU = {torch.float32: "erf", torch.float16: "erf_fast", torch.bfloat16: "erf_fast"}
@@ -403,6 +403,8 @@ def _check(x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor | None, ln_
     if not x.is_contiguous():
         raise ValueError(f"x must be contiguous (got strides {x.stride()} for shape {tuple(x.shape)}); "
                          "call .contiguous() first")
+    if x.device.type != "cuda" and not _device.INTERPRET:
+        raise ValueError(f"x is on {x.device}; the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)")
     n = x.shape[-1]
     if n > MAX_N:
         raise ValueError(f"N = {n} is beyond what this kernel supports (N <= {MAX_N})")
@@ -435,11 +437,12 @@ def _gelu_mode(gelu: str, dtype: torch.dtype) -> int:
 # ------------------------------------------------------------------------------ host functions
 def forward(x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor | None = None,
             ln_bias: torch.Tensor | None = None, eps: float = 1e-5, gelu: str = "auto",
-            layernorm: bool = True, config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            layernorm: bool = True, config: Config | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """``y = LayerNorm(GELU(x + bias)) * weight + ln_bias`` over the last dimension, with the row
     statistics: returns ``(y, mean, rstd)``, ``mean``/``rstd`` fp32 of shape ``x.shape[:-1]``.
 
-    ``layernorm=False`` stops after GELU (ablations; ``mean``/``rstd`` are then left unwritten).
+    ``layernorm=False`` stops after GELU (ablations) and returns ``(y, None, None)``.
     ``config`` overrides :func:`forward_config`.
     """
     n = _check(x, bias, weight, ln_bias)
@@ -449,8 +452,9 @@ def forward(x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor | None = N
     y = torch.empty_like(x)
     mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     rstd = torch.empty_like(mean)
+    stats = (mean, rstd) if layernorm else (None, None)
     if x.numel() == 0:
-        return y, mean, rstd
+        return y, *stats
     m = x.numel() // n
     cfg = config or forward_config(n, x.dtype)
     programs = max(1, min(triton.cdiv(m, cfg.rows), cfg.programs_per_sm * _sm_count(x.device)))
@@ -459,7 +463,7 @@ def forward(x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor | None = N
         m, n, eps, BLOCK_N=cfg.block_n, ROWS=cfg.rows, SINGLE=cfg.block_n >= n, GELU=mode, LAYERNORM=layernorm,
         HAS_W=weight is not None, HAS_LB=ln_bias is not None, EVEN_N=cfg.block_n == n, FAST=FAST_ASM,
         num_warps=cfg.num_warps)
-    return y, mean, rstd
+    return y, *stats
 
 
 def backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor | None,
@@ -472,6 +476,12 @@ def backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, weight: torc
     if dy.shape != x.shape or dy.dtype != x.dtype or dy.device != x.device:
         raise ValueError(f"dy must match x (shape {tuple(x.shape)}, {x.dtype}, {x.device}); got "
                          f"{tuple(dy.shape)}, {dy.dtype}, {dy.device}")
+    for name, t in (("mean", mean), ("rstd", rstd)):
+        if not isinstance(t, torch.Tensor) or t.shape != x.shape[:-1] or t.dtype != torch.float32 \
+                or t.device != x.device or not t.is_contiguous():
+            got = f"{tuple(t.shape)}, {t.dtype}, {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be the forward's contiguous fp32 statistics of shape "
+                             f"{tuple(x.shape[:-1])} on {x.device}; got {got}")
     dy = dy.contiguous()
     dx = torch.empty_like(x)
     grads = [torch.zeros(n, dtype=x.dtype, device=x.device) for _ in range(3)]

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import device as _device  # noqa: F401  (sets TRITON_INTERPRET before the kernel is defined)
+from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernel is defined
 
 
 @triton.jit
@@ -40,6 +40,10 @@ def vector_add(a: torch.Tensor, b: torch.Tensor, block: int = 1024) -> torch.Ten
         raise ValueError(f"a and b must be on the same device, got {a.device} and {b.device}")
     if block < 1 or block & (block - 1):
         raise ValueError(f"block must be a power of two, got {block}")
+    if a.numel() + block > 2**31:
+        raise ValueError(f"{a.numel()} elements: this teaching kernel computes offsets in 32 bits (up to 2**31)")
+    if a.device.type != "cuda" and not _device.INTERPRET:
+        raise ValueError(f"inputs are on {a.device}; the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1)")
     out = torch.empty_like(a)
     if a.numel():
         add_kernel[(triton.cdiv(a.numel(), block),)](a, b, out, a.numel(), BLOCK=block)
