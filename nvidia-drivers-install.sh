@@ -56,10 +56,12 @@ for kernel in "${KERNELS[@]}"; do
     echo "WARNING: no linux-headers-$kernel: the driver will not be built for $kernel" >&2
 done
 
-# 2. The driver, unless it is installed and nvidia-smi already talks to it.
+# 2. The driver, unless nvidia-smi already talks to one: a working driver (a cloud image's own, say)
+#    is replaced only when NVIDIA_DRIVER_PACKAGE names another package explicitly.
 REBOOT=1
-if is_installed "$DRIVER_PKG" && nvidia-smi >/dev/null 2>&1; then
-  echo "ok: $DRIVER_PKG is installed and nvidia-smi works: driver left as it is"
+if nvidia-smi >/dev/null 2>&1 && { [ -z "${NVIDIA_DRIVER_PACKAGE:-}" ] || is_installed "$DRIVER_PKG"; }; then
+  echo "ok: an NVIDIA driver is installed and nvidia-smi works: driver left as it is" \
+       "(set NVIDIA_DRIVER_PACKAGE to install another)"
   REBOOT=0
 else
   apt_install "$DRIVER_PKG"

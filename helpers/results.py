@@ -13,6 +13,7 @@ import os
 import platform
 import re
 import subprocess
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,10 +33,11 @@ def results_dir(scale: str | None = None) -> Path:
     return REPO_ROOT / ("results" if (scale or SCALE) == "full" else ".smoke-results")
 
 
-def gpu_slug(name: str | None = None, count: int | None = None) -> str:
-    """Short folder name for a device: "NVIDIA H200" -> "h200", two of them -> "h200x2", no GPU -> "cpu"."""
+def gpu_slug(name: str | None = None, count: int = 1) -> str:
+    """Short folder name for a device: "NVIDIA H200" -> "h200", ``count=2`` of them -> "h200x2", no GPU -> "cpu".
+
+    ``count`` is the number of GPUs a measurement *used* (not how many the machine has)."""
     name = name if name is not None else gpu_name()
-    count = count if count is not None else (torch.cuda.device_count() if HAS_CUDA else 1)
     slug = re.sub(r"^(nvidia|tesla)\s+", "", name.strip().lower())
     slug = re.sub(r"[^a-z0-9]+", "-", slug).strip("-") or "unknown"
     return f"{slug}x{count}" if count > 1 else slug
@@ -140,13 +142,19 @@ def path_for(topic: str, gpu: str | None = None, scale: str | None = None) -> Pa
     return results_dir(scale) / (gpu or gpu_slug()) / f"{topic}.json"
 
 
-def save(topic: str, records: list[dict]) -> Path:
-    """Write ``records`` with this run's provenance to ``results/<gpu>/<topic>.json`` (atomically)."""
+def save(topic: str, records: list[dict], gpus: int = 1) -> Path:
+    """Write ``records`` with this run's provenance to ``results/<gpu>/<topic>.json`` (atomically);
+    ``gpus``: how many GPUs the measurement used (2 -> ``results/h200x2/``)."""
     _check_records(records)
-    path = path_for(topic)
+    if not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus must be a positive integer, got {gpus!r}")
+    path = path_for(topic, gpu_slug(count=gpus))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     payload = {"provenance": provenance(), "records": records}
+    if payload["provenance"]["git_commit"] is None and SCALE == "full":
+        warnings.warn(f"{path.name}: no git commit recorded (no .git here); set COURSE_GIT_COMMIT to the commit "
+                      "whose code ran, so the result can be traced to it", stacklevel=2)
     tmp.write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n")
     os.replace(tmp, path)
     return path

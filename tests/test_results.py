@@ -38,6 +38,13 @@ def test_save_then_load_round_trip(tmp_results):
     assert not list(tmp_results.rglob("*.tmp"))
 
 
+def test_multi_gpu_results_go_to_their_own_folder(tmp_results):
+    path = results.save("fsdp", [{"gpus": 2}], gpus=2)
+    assert path.parent.name == results.gpu_slug(count=2)
+    with pytest.raises(ValueError, match="gpus"):
+        results.save("fsdp", [{"gpus": 0}], gpus=0)
+
+
 def test_records_must_be_flat(tmp_results):
     with pytest.raises(TypeError, match="flat"):
         results.save("ceilings", [{"sizes": [1, 2]}])

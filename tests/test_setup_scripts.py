@@ -196,9 +196,21 @@ def test_drivers_dry_run_skips_working_driver(env: Env) -> None:
                      *(f"linux-headers-{k}" for k in KERNELS)]
     out = assert_ok(env.run(DRIVERS_SH, "--dry-run", STUB_NVIDIA_SMI_RC="0"))
     assert "apt-get" not in out
-    assert f"{DEFAULT_DRIVER} is installed and nvidia-smi works" in out
+    assert "driver is installed and nvidia-smi works" in out
     assert "no reboot needed" in out.splitlines()[-1]
     assert_changed_nothing(env)
+
+
+def test_drivers_keep_a_working_driver_unless_told_otherwise(env: Env) -> None:
+    """A cloud image's own working driver (not the default package) is left alone ..."""
+    env.installed = ["nvidia-driver-550", "htop", "python3-pip", "python3-venv", "git",
+                     *(f"linux-headers-{k}" for k in KERNELS)]
+    out = assert_ok(env.run(DRIVERS_SH, "--dry-run", STUB_NVIDIA_SMI_RC="0"))
+    assert DEFAULT_DRIVER not in out and "no reboot needed" in out.splitlines()[-1]
+    # ... unless NVIDIA_DRIVER_PACKAGE asks for another one explicitly.
+    out = assert_ok(env.run(DRIVERS_SH, "--dry-run", STUB_NVIDIA_SMI_RC="0", NVIDIA_DRIVER_PACKAGE="nvidia-driver-580"))
+    assert "DRY-RUN: apt-get install -y" in out and "nvidia-driver-580" in out
+    assert "reboot" in out.splitlines()[-1].lower() and "no reboot" not in out.splitlines()[-1]
 
 
 # --- real runs against the stubs -------------------------------------------------------
