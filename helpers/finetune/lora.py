@@ -59,7 +59,8 @@ def trainable_parameters(model: nn.Module) -> tuple[int, int]:
     """(trainable, total) parameter counts; nf4 weights count as the numbers they stand for."""
     trainable = total = 0
     for p in model.parameters():
-        n = p.numel() * (2 if p.__class__.__name__ == "Params4bit" else 1)  # two nf4 weights a byte
+        # two nf4 weights a byte, whatever dtype the packed bytes are stored as
+        n = p.numel() * p.element_size() * 2 if p.__class__.__name__ == "Params4bit" else p.numel()
         total += n
         trainable += n if p.requires_grad else 0
     return trainable, total
@@ -67,7 +68,8 @@ def trainable_parameters(model: nn.Module) -> tuple[int, int]:
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The decoder layers of a (peft-wrapped) Llama model."""
-    layers = [m for m in model.modules() if type(m).__name__ == "LlamaDecoderLayer"]
+    # FSDP2's fully_shard gives a sharded layer a subclass of its own (FSDPLlamaDecoderLayer)
+    layers = [m for m in model.modules() if any(c.__name__ == "LlamaDecoderLayer" for c in type(m).__mro__)]
     if not layers:
         raise ValueError("no LlamaDecoderLayer in this model")
     return layers

@@ -88,20 +88,26 @@ def llama_config(spec: ModelSpec):
 
 
 def _nf4_linear(in_features: int, out_features: int, device: torch.device, std: float,
-                generator: torch.Generator) -> nn.Module:
-    """A bias-free bnb ``Linear4bit`` holding a random N(0, std) matrix, quantised on ``device``."""
+                generator: torch.Generator, quant_storage: torch.dtype = torch.uint8) -> nn.Module:
+    """A bias-free bnb ``Linear4bit`` holding a random N(0, std) matrix, quantised on ``device``.
+
+    ``quant_storage``: the dtype the packed 4-bit codes are stored as (bf16 lets FSDP shard them
+    alongside bf16 parameters; the bytes are the same).
+    """
     import bitsandbytes as bnb
 
     layer = bnb.nn.Linear4bit(in_features, out_features, bias=False, compute_dtype=torch.bfloat16,
-                              compress_statistics=True, quant_type="nf4", device="meta")
+                              compress_statistics=True, quant_type="nf4", quant_storage=quant_storage,
+                              device="meta")
     weight = torch.empty(out_features, in_features, dtype=torch.bfloat16, device=device)
     weight.normal_(0.0, std, generator=generator)
     layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, compress_statistics=True, quant_type="nf4",
-                                     module=layer).to(device)
+                                     quant_storage=quant_storage, module=layer).to(device)
     return layer
 
 
-def build_random(spec: ModelSpec, device: torch.device | str, seed: int = 0, attn: str = "sdpa") -> nn.Module:
+def build_random(spec: ModelSpec, device: torch.device | str, seed: int = 0, attn: str = "sdpa",
+                 quant_storage: torch.dtype = torch.uint8) -> nn.Module:
     """The architecture ``spec`` with random weights: nf4 linears, bf16 embeddings, norms and lm_head.
 
     Each decoder layer is made on the meta device and each of its projections is created in bf16
@@ -109,7 +115,7 @@ def build_random(spec: ModelSpec, device: torch.device | str, seed: int = 0, att
     The model says it is loaded in 4 bit, as ``from_pretrained`` with a quantisation config would,
     so that peft prepares it the same way (gradient checkpointing, fp32 norms and embeddings).
     ``attn``: "sdpa" (fused attention kernels, today's default) or "eager" (the S x S score matrix
-    in memory, as the seed's transformers 4.31 ran Llama).
+    in memory, as the seed's transformers 4.31 ran Llama). ``quant_storage``: see ``_nf4_linear``.
     """
     from transformers import LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
@@ -130,7 +136,8 @@ def build_random(spec: ModelSpec, device: torch.device | str, seed: int = 0, att
             for name in _LINEARS:
                 if hasattr(parent, name):
                     old = getattr(parent, name)
-                    setattr(parent, name, _nf4_linear(old.in_features, old.out_features, device, std, generator))
+                    setattr(parent, name, _nf4_linear(old.in_features, old.out_features, device, std, generator,
+                                                      quant_storage))
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
             norm.weight = nn.Parameter(torch.ones(spec.hidden_size, dtype=torch.bfloat16, device=device))
         model.model.layers.append(layer)
@@ -142,12 +149,13 @@ def build_random(spec: ModelSpec, device: torch.device | str, seed: int = 0, att
     return model
 
 
-def load_checkpoint(name_or_path: str, device: torch.device | str, attn: str = "sdpa") -> nn.Module:
+def load_checkpoint(name_or_path: str, device: torch.device | str, attn: str = "sdpa",
+                    quant_storage: torch.dtype = torch.uint8) -> nn.Module:
     """A real checkpoint loaded in nf4 (double quantisation, bf16 compute) by transformers."""
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                               bnb_4bit_compute_dtype=torch.bfloat16)
+                               bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=quant_storage)
     model = AutoModelForCausalLM.from_pretrained(name_or_path, quantization_config=quant, device_map={"": device},
                                                  dtype=torch.bfloat16, attn_implementation=attn, local_files_only=not _online())
     model.config.use_cache = False
@@ -167,7 +175,8 @@ def _online() -> bool:
 
 
 def build_model(name: str, device: torch.device | str, *, checkpoint: str | None = None,
-                vocab_size: int | None = None, seed: int = 0, attn: str = "sdpa") -> tuple[nn.Module, str]:
+                vocab_size: int | None = None, seed: int = 0, attn: str = "sdpa",
+                quant_storage: torch.dtype = torch.uint8) -> tuple[nn.Module, str]:
     """The model for architecture ``name`` and where its weights came from.
 
     With ``checkpoint`` (a Hugging Face id or a local folder) the real weights are loaded when they
@@ -176,10 +185,10 @@ def build_model(name: str, device: torch.device | str, *, checkpoint: str | None
     spec = spec_for(name, vocab_size)
     if checkpoint:
         try:
-            return load_checkpoint(checkpoint, device, attn), f"checkpoint {checkpoint}"
+            return load_checkpoint(checkpoint, device, attn, quant_storage), f"checkpoint {checkpoint}"
         except (OSError, ValueError) as error:
             print(f"checkpoint {checkpoint!r} not loadable ({type(error).__name__}); using random weights")
-    return build_random(spec, device, seed, attn), f"random weights, Llama-2 {name} architecture"
+    return build_random(spec, device, seed, attn, quant_storage), f"random weights, Llama-2 {name} architecture"
 
 
 def nf4_bytes(spec: ModelSpec, block: int = 64) -> int:

@@ -131,7 +131,7 @@ def apply_cap(cap_gb: float | None) -> dict:
     if cap_gb is None:
         return {"alloc_limit_gb": None, "context_gb": None}
     ctx = context_bytes()
-    total = torch.cuda.get_device_properties(0).total_memory
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory  # this process's GPU
     limit = cap_gb * GiB - ctx
     torch.cuda.set_per_process_memory_fraction(float(limit / total))
     return {"alloc_limit_gb": limit / GiB, "context_gb": ctx / GiB}
