@@ -44,8 +44,8 @@ def test_fsdp_smoke_run_on_two_gloo_processes_shards_and_trains(data_path, resul
     _both_ranks_trained(record)
     for rank in (0, 1):  # each rank holds half of the model (FSDP pads an odd row count)
         assert record[f"local_model_gb_rank{rank}"] == pytest.approx(record["whole_model_gb"] / 2, rel=0.02)
-    saved = results.load("fsdp", scale=results.SCALE)
-    assert saved.path == results_dir / results.gpu_slug() / "fsdp.json"
+    saved = distributed.load_records()
+    assert saved.path == results_dir / results.gpu_slug(count=2) / "fsdp.json"
     assert [r["point"] for r in saved.records] == [record["point"]]  # written once
     assert {k: v for k, v in saved.records[0].items()} == {k: v for k, v in record.items() if k != "results_file"}
     for field in ("model", "gpus", "cap_gb", "batch_size", "status", "step_s", "tokens_per_s",
@@ -62,7 +62,7 @@ def test_ddp_on_two_processes_is_scored_against_the_one_process_reference(data_p
     _both_ranks_trained(record)
     assert record["local_model_gb_rank0"] == record["local_model_gb_rank1"] == record["whole_model_gb"]  # copies
     assert record["scaling_efficiency"] == pytest.approx(record["tokens_per_s"] / (2 * 100.0))
-    points = [r["point"] for r in results.load("fsdp", scale=results.SCALE).records]
+    points = [r["point"] for r in distributed.load_records().records]
     assert sorted(points) == sorted(["reference", record["point"]])
 
 
@@ -71,7 +71,7 @@ def test_a_rank_out_of_memory_ends_the_run_with_an_oom_record(data_path, results
                                   timeout_s=110)
     assert record["status"] == "oom" and record["oom_stage"] == "train" and "cap" in record["oom_message"]
     assert record["peak_alloc_gb_per_gpu"] > 0.012 and record["tokens_per_s"] is None
-    assert results.load("fsdp", scale=results.SCALE).records[0]["status"] == "oom"
+    assert distributed.load_records().records[0]["status"] == "oom"
 
 
 def test_allreduce_probe_sums_correctly_on_gloo(results_dir):

@@ -41,6 +41,7 @@ from ..device import HAS_CUDA, SCALE
 from .point import PointSpec
 
 TOPIC = "fsdp"
+FOLDER_GPUS = 2  # the two-GPU experiment's records (its 1-GPU references too) live in results/<gpu>x2/fsdp.json
 KINDS = ("train", "allreduce")
 STRATEGIES = ("fsdp", "ddp")
 OOM_EXIT = 75  # a rank that ran out of memory exits with this after writing its record
@@ -200,18 +201,18 @@ def save_records(records: list[dict]) -> list[dict]:
     """Add ``records`` to the results file (replacing earlier runs of the same points), scaling
     efficiencies recomputed; ``records`` as saved, each with the file's path."""
     try:
-        old = results.load(TOPIC, scale=SCALE).records
+        old = load_records().records
     except FileNotFoundError:
         old = []
     points = {r["point"] for r in records}
     saved = with_scaling([r for r in old if r.get("point") not in points] + records)
-    path = results.save(TOPIC, saved)
+    path = results.save(TOPIC, saved, gpus=FOLDER_GPUS)
     return [{**r, "results_file": str(path)} for r in saved if r["point"] in points]
 
 
 def load_records(scale: str = SCALE) -> results.Result:
-    """The results file of this machine and scale."""
-    return results.load(TOPIC, scale=scale)
+    """The results file of this machine's GPU model and this scale (``results/<gpu>x2/fsdp.json``)."""
+    return results.load(TOPIC, gpu=results.gpu_slug(count=FOLDER_GPUS), scale=scale)
 
 
 SEED_SETTINGS = {"attn": "eager", "max_len": 1024, "lora_r": 16}  # notebook 06's main settings (the seed's stack)
