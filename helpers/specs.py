@@ -100,6 +100,11 @@ SPECS: tuple[GpuSpec, ...] = (
 )
 
 
+# PCIe x16, one direction, GB/s: 16 resp. 32 GT/s a lane x 16 lanes x 128/130 encoding / 8 bits
+# (PCI Express Base Specification 4.0 and 5.0, PCI-SIG). The links between GPUs without NVLink.
+PCIE_X16_GBPS = {"PCIe 4.0 x16": 31.5, "PCIe 5.0 x16": 63.0}
+
+
 def lookup(device_name: str) -> GpuSpec | None:
     """The datasheet row for a device name as ``torch.cuda.get_device_name()`` reports it, or None."""
     if not isinstance(device_name, str) or not device_name.strip():

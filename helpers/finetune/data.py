@@ -95,7 +95,8 @@ def standin_texts(n: int = N_TEXTS, seed: int = 0) -> list[str]:
     return texts
 
 
-def _reachable(host: str = "huggingface.co") -> bool:
+def hub_reachable(host: str = "huggingface.co") -> bool:
+    """Whether the Hugging Face hub answers (False at once when HF_HUB_OFFLINE is set)."""
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
         return False
     import socket
@@ -109,7 +110,7 @@ def _reachable(host: str = "huggingface.co") -> bool:
 
 def load_texts(n: int = N_TEXTS, seed: int = 0) -> tuple[list[str], str]:
     """The training texts and where they came from: the original dataset when reachable, else the stand-in."""
-    if _reachable():
+    if hub_reachable():
         try:
             from datasets import load_dataset
 
@@ -144,7 +145,7 @@ def train_tokenizer(texts: list[str], vocab_size: int = 32000, max_token_bytes: 
 
 def load_tokenizer(texts: list[str], vocab_size: int = 32000):
     """(tokenizer, where it came from): Llama-2's when reachable, else one trained on ``texts``."""
-    if vocab_size == 32000 and _reachable():
+    if vocab_size == 32000 and hub_reachable():
         try:
             from transformers import AutoTokenizer
 

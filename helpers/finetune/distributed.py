@@ -48,9 +48,6 @@ OOM_EXIT = 75  # a rank that ran out of memory exits with this after writing its
 # NVLink multicast must stay off on the lent machines (it can take a shared host's GPUs down):
 # forced in every child environment, whatever the parent has
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-# PCIe x16, one direction, GB/s: 16 resp. 32 GT/s a lane x 16 lanes x 128/130 encoding / 8 bits
-# (PCI Express Base Specification 4.0 and 5.0, PCI-SIG)
-PCIE_X16_GBPS = {"PCIe 4.0 x16": 31.5, "PCIe 5.0 x16": 63.0}
 
 
 @dataclass(frozen=True)

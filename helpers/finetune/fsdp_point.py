@@ -10,7 +10,6 @@ writes ``O/oom-rank<r>.json`` and exits with ``distributed.OOM_EXIT`` (torchrun 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import math
@@ -27,7 +26,7 @@ from .data import TokenizedData, make_batches
 from .distributed import OOM_EXIT, DistSpec, save_records
 from .lora import LoraSettings, attach_lora, check_checkpointing, decoder_layers
 from .models import build_model
-from .point import GiB, SimulatedMemory, _monitor, _peaks, apply_cap, is_oom, sync
+from .point import GiB, SimulatedMemory, _peaks, apply_cap, is_oom, sync, timed_steps
 
 
 def rank_batches(token_ids: list[list[int]], batch_size: int, world: int, rank: int, steps: int,
@@ -108,32 +107,14 @@ def train_rank(spec: DistSpec, data: TokenizedData, device: torch.device, rank: 
         mine["stage"] = "train"
         mine["checkpointing"] = check_checkpointing(model, batches[0]["input_ids"][:1, :16].to(device))
         before = lora_vector(model)
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
-        times, monitor = [], contextlib.nullcontext()
-        for i, batch in enumerate(batches):
-            batch = {k: v.to(device) for k, v in batch.items()}
-            if i == spec.warmup_steps:
-                monitor = _monitor(device)
-                monitor.__enter__()
-            sync(device)
-            t0 = time.perf_counter()
-            with meter.step() if meter else contextlib.nullcontext():
-                loss = model(**batch).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            sync(device)
-            if i >= spec.warmup_steps:
-                times.append(time.perf_counter() - t0)
-        monitor.__exit__(None, None, None)
-        summary = monitor.summary() if hasattr(monitor, "samples") else {}
+        times, summary, loss = timed_steps(model, batches, device, spec.warmup_steps, meter)
         after = lora_vector(model)
     except Exception as error:
         if not is_oom(error):
             raise
         mine.update(status="oom", oom_message=str(error).splitlines()[0][:200], **_peaks(device, meter))
         return mine
-    mine.update(status="ok", times=times, loss=float(loss.detach()), lora_norm=float(after.norm()),
+    mine.update(status="ok", times=times, loss=loss, lora_norm=float(after.norm()),
                 lora_change=float((after - before).norm()), gpu_util_pct=summary.get("util_pct_mean"),
                 timed_tokens=sum(global_tokens[spec.warmup_steps:]), **_peaks(device, meter))
     return mine

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from .data import hub_reachable
 
 LLAMA2_VOCAB = 32000
 
@@ -157,21 +158,9 @@ def load_checkpoint(name_or_path: str, device: torch.device | str, attn: str = "
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=quant_storage)
     model = AutoModelForCausalLM.from_pretrained(name_or_path, quantization_config=quant, device_map={"": device},
-                                                 dtype=torch.bfloat16, attn_implementation=attn, local_files_only=not _online())
+                                                 dtype=torch.bfloat16, attn_implementation=attn, local_files_only=not hub_reachable())
     model.config.use_cache = False
     return model
-
-
-def _online() -> bool:
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
-        return False
-    import socket
-
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=2).close()
-        return True
-    except OSError:
-        return False
 
 
 def build_model(name: str, device: torch.device | str, *, checkpoint: str | None = None,
