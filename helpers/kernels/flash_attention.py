@@ -366,11 +366,11 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = (q @ k.transpose(-1, -2)) * scale
-    if causal:
+    s = (q * scale) @ k.transpose(-1, -2)  # scale the S x D queries, not the S x S scores
+    if causal:  # in place: standard attention's three passes over the scores, not four
         sq, sk = q.shape[-2], k.shape[-2]
-        visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(diagonal=sk - sq)
-        s = s.masked_fill(~visible, float("-inf"))
+        hidden = torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu_(diagonal=sk - sq + 1)
+        s.masked_fill_(hidden, float("-inf"))
     return torch.softmax(s, dim=-1) @ v
 
 
