@@ -140,3 +140,4 @@ def test_point_cli_writes_its_records(env, tmp_path):
                 "--data", str(env["data"]), "--out", str(out)])
     [record] = json.loads(out.read_text())
     assert record["status"] == "ok" and record["batch_size"] == 1 and record["max_seq_len"] <= 16
+    assert record["measured_at"] and "git_commit" in record  # each point keeps its own provenance

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .. import results
 from .data import TokenizedData, make_batches
 from .distributed import OOM_EXIT, DistSpec, save_records
 from .lora import LoraSettings, attach_lora, check_checkpointing, decoder_layers
@@ -126,6 +127,8 @@ def merge(spec: DistSpec, ranks: list[dict], device: torch.device, weights: str)
               "cap_gb": spec.cap_gb, "batch_size": spec.batch_size, "global_batch": spec.batch_size * spec.gpus,
               "lora_r": spec.lora_r, "attn": spec.attn, "max_len": spec.max_len, "grad_ckpt": spec.grad_ckpt,
               "device": device.type, "backend": dist.get_backend(), "weights": weights}
+    run = results.provenance()  # per record: a plan resumed over several sessions keeps each run's own
+    record.update(git_commit=run["git_commit"], measured_at=run["timestamp"])
     peaks = [r["peak_alloc_gb"] for r in ranks if r.get("peak_alloc_gb") is not None]
     record["peak_alloc_gb_per_gpu"] = max(peaks) if peaks else None  # the fullest GPU's
     for i, r in enumerate(ranks):

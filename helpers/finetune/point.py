@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from .. import results
 from .data import TokenizedData, make_batches
 from .lora import LoraSettings, attach_lora, check_checkpointing
 from .models import MODELS, build_model, model_bytes
@@ -147,8 +148,11 @@ def sync(device: torch.device) -> None:
 
 
 def base_record(spec: PointSpec, device: torch.device) -> dict:
+    """The fields every record of a point carries, including the commit and time of the run that measured
+    it: a sweep resumed over several sessions keeps each point's own provenance."""
+    run = results.provenance()
     return {"point": spec.key(), "model": spec.model, "lora_r": spec.lora_r, "cap_gb": spec.cap_gb,
-            "attn": spec.attn, "device": device.type}
+            "attn": spec.attn, "device": device.type, "git_commit": run["git_commit"], "measured_at": run["timestamp"]}
 
 
 def run_train(spec: PointSpec, data: TokenizedData, device: torch.device) -> list[dict]:
