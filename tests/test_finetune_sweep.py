@@ -19,9 +19,11 @@ def env(monkeypatch, tmp_path):
     return {"data": path, "store": tmp_path / "progress.jsonl"}
 
 
-def _fake_runner(calls, fail_at=None):
-    def run(spec, data_path):
+def _fake_runner(calls, fail_at=None, gpus_used=None):
+    def run(spec, data_path, gpu=None):
         calls.append(spec.key())
+        if gpus_used is not None:
+            gpus_used.setdefault(gpu, []).append(spec)
         if len(calls) == fail_at:
             raise KeyboardInterrupt  # the sweep is killed while this point runs
         status = "oom" if spec.batch_size >= 8 else "ok"
@@ -71,6 +73,27 @@ def test_larger_batches_after_an_oom_are_recorded_without_running(env):
                               progress=False)
     assert calls == [points[0].key(), points[1].key()]
     assert [(r["status"], r["measured"]) for r in records] == [("ok", True), ("oom", True), ("oom", False)]
+
+
+def test_two_gpus_share_the_sweep_a_group_on_one_gpu(env):
+    points = sweep.plan(["tiny"], [4, 8, 16], [None, 40, 48], generate=False)
+    calls, used = [], {}
+    records = sweep.run_sweep(points, data_path=env["data"], store_path=env["store"],
+                              runner=_fake_runner(calls, gpus_used=used), progress=False, gpus=["0", "1"])
+    assert sorted(r["point"] for r in records) == sorted(p.key() for p in points)
+    assert len(calls) == 6 and len(set(calls)) == 6  # batch 16 never runs after batch 8 ran out of memory
+    assert set(used) <= {"0", "1"}
+    for specs in used.values():  # a GPU runs whole groups, batch sizes in order
+        for a, b in zip(specs, specs[1:]):
+            assert a.cap_gb != b.cap_gb or a.batch_size < b.batch_size
+    assert sorted(r["point"] for r in results.load("finetune", scale=results.SCALE).records) == sorted(calls + [
+        p.key() for p in points if p.batch_size == 16])
+
+
+def test_the_same_gpu_twice_is_refused(env):
+    with pytest.raises(ValueError, match="distinct GPU ids"):
+        sweep.run_sweep(sweep.plan(["tiny"], [1], [None]), data_path=env["data"], store_path=env["store"],
+                        runner=_fake_runner([]), gpus=["0", "0"])
 
 
 def test_simulated_cuda_oom_in_a_point_is_recorded(env, monkeypatch):

@@ -1,6 +1,7 @@
 """The sweep: model x batch size x memory cap (and generation per model and cap), one process a point.
 
     python -m helpers.finetune.sweep --full-plan --budget-s 400     # a chunk; run again to go on
+    python -m helpers.finetune.sweep --full-plan --gpus 0 1         # two GPUs, a point on each at a time
 
 Each point runs in a subprocess (``python -m helpers.finetune.point``), so an out-of-memory error
 or a crash cannot poison the next point. As each point finishes, its records are appended to a
@@ -10,19 +11,26 @@ progress file or in the existing results file are never run again, and nothing f
 A larger batch at the same model and cap as one that ran out of memory is recorded as out of
 memory without running it (``measured: False``): memory grows with the batch, because every
 batch size's first step holds its longest texts.
+
+On a machine with several GPUs, ``--gpus`` runs one point per GPU at a time (each subprocess sees
+only its own GPU); a worker takes a whole group (one model, cap and setting, its batch sizes in
+order), so the out-of-memory rule above still saves the work it saves on one GPU. Each point still
+owns its GPU alone; the two only share the host's CPU cores.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from .. import results
 from ..device import HAS_CUDA, SCALE
@@ -35,7 +43,7 @@ BATCH_SIZES = (1, 2, 4, 8, 16, 20, 25, 32)
 NEW_TOKENS = (64, 128, 256, 512)
 SEED_MAX_LEN = 1024
 
-Runner = Callable[[PointSpec, Path], list[dict]]
+Runner = Callable[[PointSpec, Path, "str | None"], list[dict]]  # (point, data file, GPU id or None)
 
 
 def full_plan() -> list[PointSpec]:
@@ -101,13 +109,14 @@ def validate(points: list[PointSpec], scale: str = SCALE) -> None:
         raise ValueError("the sweep lists a point twice")
 
 
-def subprocess_runner(spec: PointSpec, data_path: Path) -> list[dict]:
-    """Run one point in a fresh Python process and return its records."""
+def subprocess_runner(spec: PointSpec, data_path: Path, gpu: str | None = None) -> list[dict]:
+    """Run one point in a fresh Python process (seeing only GPU ``gpu`` when given); its records."""
+    env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "records.json"
         cmd = [sys.executable, "-m", "helpers.finetune.point", "--spec", spec.to_json(), "--data", str(data_path),
                "--out", str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=results.REPO_ROOT)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=results.REPO_ROOT, env=env)
         if proc.returncode != 0 or not out.exists():
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
             raise RuntimeError(f"point {spec.key()} failed (exit {proc.returncode}):\n{tail}")
@@ -139,13 +148,18 @@ class Store:
                         continue
                     self.done[entry["point"]] = entry["records"]
 
+        self.lock = threading.Lock()
+
     def add(self, point: str, records: list[dict]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as f:
-            f.write(json.dumps({"point": point, "records": records}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        self.done[point] = records
+        """Append a finished point to the progress file and rewrite the results file (thread-safe)."""
+        with self.lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as f:
+                f.write(json.dumps({"point": point, "records": records}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            self.done[point] = records
+            results.save(TOPIC, self.records())
 
     def records(self) -> list[dict]:
         return [r for recs in self.done.values() for r in recs]
@@ -170,42 +184,78 @@ def data_file(scale: str = SCALE) -> Path:
     return path
 
 
+def groups(points: list[PointSpec]) -> list[list[PointSpec]]:
+    """``points`` split into groups that differ only in batch size (plan order kept): one worker's unit."""
+    out: dict[str, list[PointSpec]] = {}
+    for p in points:
+        out.setdefault(replace(p, batch_size=1).key(), []).append(p)
+    return list(out.values())
+
+
 def run_sweep(points: list[PointSpec], *, data_path: Path | None = None, store_path: Path | None = None,
-              runner: Runner = subprocess_runner, budget_s: float | None = None, progress: bool = True) -> list[dict]:
+              runner: Runner = subprocess_runner, budget_s: float | None = None, progress: bool = True,
+              gpus: Sequence[str] | None = None) -> list[dict]:
     """Run the points not yet finished, saving after each; returns every finished record.
 
     ``budget_s``: start no new point after this many seconds (so one call stays inside a time limit;
-    run again to continue). Points are checked before any runs.
+    run again to continue). ``gpus``: GPU ids to run on, one point on each at a time (None: the
+    default device, one point at a time). Points are checked before any runs.
     """
     from tqdm.auto import tqdm
 
     validate(points)
     if budget_s is not None and budget_s <= 0:
         raise ValueError(f"budget_s must be > 0, got {budget_s}")
+    if gpus is not None and (not gpus or len(set(gpus)) != len(gpus)):
+        raise ValueError(f"gpus must be distinct GPU ids, got {list(gpus)}")
     data_path = Path(data_path) if data_path else data_file()
     TokenizedData.load(data_path)  # readable before any point starts
     store = Store(store_path or default_store())
-    todo = [p for p in points if p.key() not in store.done]
+    todo = queue.Queue()
+    for group in groups([p for p in points if p.key() not in store.done]):
+        todo.put(group)
     start = time.perf_counter()
-    bar = tqdm(total=len(points), initial=len(points) - len(todo), desc="fine-tuning sweep", unit="point",
-               disable=not progress)
+    bar = tqdm(total=len(points), initial=len(points) - sum(len(g) for g in todo.queue), desc="fine-tuning sweep",
+               unit="point", disable=not progress)
+    failures: list[BaseException] = []
+
+    def work(gpu: str | None) -> None:
+        while not failures:
+            try:
+                group = todo.get_nowait()
+            except queue.Empty:
+                return
+            for point in group:
+                if failures or (budget_s is not None and time.perf_counter() - start > budget_s):
+                    return
+                bar.set_postfix_str(point.key())
+                below = _oom_below(point, store.done)
+                if below is not None:
+                    first = store.done[below.key()][0]
+                    records = [{**first, "point": point.key(), "batch_size": point.batch_size, "measured": False,
+                                "oom_message": f"not run: batch {below.batch_size} already ran out of memory"}]
+                else:
+                    try:
+                        records = [{**r, "measured": True} for r in runner(point, data_path, gpu)]
+                    except BaseException as error:  # stop the other workers too, re-raised below
+                        failures.append(error)
+                        return
+                store.add(point.key(), records)
+                bar.update(1)
+
     try:
-        for point in todo:
-            if budget_s is not None and time.perf_counter() - start > budget_s:
-                break
-            bar.set_postfix_str(point.key())
-            below = _oom_below(point, store.done)
-            if below is not None:
-                first = store.done[below.key()][0]
-                records = [{**first, "point": point.key(), "batch_size": point.batch_size, "measured": False,
-                            "oom_message": f"not run: batch {below.batch_size} already ran out of memory"}]
-            else:
-                records = [{**r, "measured": True} for r in runner(point, data_path)]
-            store.add(point.key(), records)
-            results.save(TOPIC, store.records())
-            bar.update(1)
+        if gpus is None:
+            work(None)
+        else:
+            threads = [threading.Thread(target=work, args=(gpu,), daemon=True) for gpu in gpus]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
     finally:
         bar.close()
+    if failures:
+        raise failures[0]
     return store.records()
 
 
@@ -226,12 +276,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-len", type=int, default=SEED_MAX_LEN, help="0: no truncation")
     parser.add_argument("--no-generate", action="store_true")
     parser.add_argument("--budget-s", type=float, default=None, help="start no new point after this many seconds")
+    parser.add_argument("--gpus", nargs="+", default=None, help="GPU ids to run on, one point on each at a time")
     args = parser.parse_args(argv)
     caps = [None if c == "none" else float(c) for c in args.caps]
     points = full_plan() if args.full_plan else plan(
         args.models, args.batch_sizes, caps, generate=not args.no_generate, lora_r=args.lora_r, attn=args.attn,
         max_len=args.max_len or None)
-    records = run_sweep(points, budget_s=args.budget_s)
+    records = run_sweep(points, budget_s=args.budget_s, gpus=args.gpus)
     left = pending(points)
     print(f"{len(records)} records saved to {results.path_for(TOPIC)}; {len(left)} of {len(points)} points left")
 
