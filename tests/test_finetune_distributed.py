@@ -114,6 +114,11 @@ def test_children_keep_nvlink_multicast_off(monkeypatch, tmp_path):
     env = distributed.child_env()
     assert {k: env[k] for k in distributed.MULTICAST_OFF} == distributed.MULTICAST_OFF
     assert str(results.REPO_ROOT) in env["PYTHONPATH"].split(os.pathsep)
+    assert "expandable_segments" not in env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64,expandable_segments:False")
+    grown = distributed.child_env(DistSpec("train", "70b", gpus=2, cap_gb=40, expandable_segments=True))
+    assert grown["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:64,expandable_segments:True"
+    assert grown["NCCL_NVLS_ENABLE"] == "0"
     cmd = distributed.command(DistSpec("train", "70b", gpus=2, cap_gb=40), tmp_path / "d.json", tmp_path)
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     assert cmd[cmd.index("-m", 2) + 1] == "helpers.finetune.fsdp_point"

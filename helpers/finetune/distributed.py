@@ -72,6 +72,9 @@ class DistSpec:
     seed: int = 0
     sizes_mb: tuple[float, ...] = field(default=(1, 16, 64, 256, 1024))
     iters: int = 10
+    # PyTorch's expandable segments: blocks grow in place instead of new fixed-size segments, so
+    # FSDP's all-gather buffers of many sizes do not strand memory (the cap counts reserved bytes)
+    expandable_segments: bool = False
 
     def point(self) -> PointSpec:
         """The single-GPU point with the same per-GPU settings (its checks are reused)."""
@@ -82,7 +85,8 @@ class DistSpec:
     def key(self) -> str:
         if self.kind == "allreduce":
             return f"allreduce/gpus={self.gpus}/sizes={','.join(f'{s:g}' for s in self.sizes_mb)}/iters={self.iters}"
-        return f"{self.strategy}/gpus={self.gpus}/" + self.point().key().split("/", 1)[1]
+        return (f"{self.strategy}/gpus={self.gpus}/" + self.point().key().split("/", 1)[1]
+                + ("/expandable" if self.expandable_segments else ""))
 
     def validate(self, gpus_available: int | None, card_gb: float | None = None) -> None:
         """Raise ValueError naming the problem. ``gpus_available``: this machine's GPUs (None: CPU processes)."""
@@ -133,10 +137,15 @@ def check(spec: DistSpec, scale: str = SCALE) -> None:
     spec.validate(count, card)
 
 
-def child_env() -> dict[str, str]:
-    """The environment of the launched processes: ours, the repository importable, multicast off."""
+def child_env(spec: DistSpec | None = None) -> dict[str, str]:
+    """The environment of the launched processes: ours, the repository importable, multicast off,
+    the allocator's expandable segments on when ``spec`` asks for them."""
     env = dict(os.environ)
     env.update(MULTICAST_OFF)
+    if spec is not None and spec.expandable_segments:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(
+            [c for c in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if c and "expandable_segments" not in c]
+            + ["expandable_segments:True"])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(results.REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
@@ -162,7 +171,7 @@ def launch(spec: DistSpec, data_path: Path | None = None, *, timeout_s: float | 
     with tempfile.TemporaryDirectory() as tmp:
         out_dir = Path(tmp)
         proc = subprocess.run(command(spec, data_path, out_dir), capture_output=True, text=True,
-                              cwd=results.REPO_ROOT, env=child_env(), timeout=timeout_s)
+                              cwd=results.REPO_ROOT, env=child_env(spec), timeout=timeout_s)
         done = out_dir / "records.json"
         if proc.returncode == 0 and done.exists():
             return json.loads(done.read_text())
@@ -175,7 +184,7 @@ def launch(spec: DistSpec, data_path: Path | None = None, *, timeout_s: float | 
 
 def same_setting(a: dict, b: dict) -> bool:
     """Two training records that differ at most in GPU count and strategy (a scaling pair)."""
-    keys = ("model", "batch_size", "cap_gb", "lora_r", "attn", "max_len", "grad_ckpt")
+    keys = ("model", "batch_size", "cap_gb", "lora_r", "attn", "max_len", "grad_ckpt", "expandable_segments")
     return all(a.get(k) == b.get(k) for k in keys)
 
 
@@ -217,13 +226,16 @@ SEED_SETTINGS = {"attn": "eager", "max_len": 1024, "lora_r": 16}  # notebook 06'
 
 def full_plan() -> list[DistSpec]:
     """The notebook's runs on two GPUs, in the order that answers the issue first: 70B sharded under
-    2 x 40 GB at growing batches, 70B at batch 1 uncapped (its peak is the smallest card it needs),
-    7B on one GPU and on two (data parallel and sharded: the scaling pair), the all-reduce probe."""
+    2 x 40 GB at growing batches with the default allocator and with expandable segments, 70B at
+    batch 1 uncapped (its peak is the smallest card it needs), 7B on one GPU and on two (data
+    parallel and sharded: the scaling pair), the all-reduce probe."""
     seed = dict(SEED_SETTINGS, warmup_steps=1, timed_steps=2)
     return ([DistSpec("train", "70b", 2, b, 40, "fsdp", **seed) for b in (1, 2, 4, 8, 16)]
             + [DistSpec("train", "70b", 2, 1, None, "fsdp", **seed)]
             + [DistSpec("train", "7b", g, 4, None, s, **seed) for g, s in ((1, "ddp"), (2, "ddp"), (2, "fsdp"))]
-            + [DistSpec("allreduce", gpus=2, sizes_mb=(1, 4, 16, 64, 256, 1024), iters=20)])
+            + [DistSpec("allreduce", gpus=2, sizes_mb=(1, 4, 16, 64, 256, 1024), iters=20)]
+            + [DistSpec("train", "70b", 2, b, 40, "fsdp", expandable_segments=True, **seed) for b in (1, 2, 4, 8, 16)]
+            + [DistSpec("train", "70b", 2, 1, None, "fsdp", expandable_segments=True, **seed)])
 
 
 def smoke_plan() -> list[DistSpec]:
