@@ -184,8 +184,9 @@ def launch(spec: DistSpec, data_path: Path | None = None, *, timeout_s: float | 
 
 def same_setting(a: dict, b: dict) -> bool:
     """Two training records that differ at most in GPU count and strategy (a scaling pair)."""
-    keys = ("model", "batch_size", "cap_gb", "lora_r", "attn", "max_len", "grad_ckpt", "expandable_segments")
-    return all(a.get(k) == b.get(k) for k in keys)
+    keys = ("model", "batch_size", "cap_gb", "lora_r", "attn", "max_len", "grad_ckpt")
+    return (all(a.get(k) == b.get(k) for k in keys)  # records from before the allocator setting existed: off
+            and bool(a.get("expandable_segments")) == bool(b.get("expandable_segments")))
 
 
 def with_scaling(records: list[dict]) -> list[dict]:
