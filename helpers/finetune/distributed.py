@@ -241,10 +241,12 @@ def full_plan() -> list[DistSpec]:
 
 def smoke_plan() -> list[DistSpec]:
     """The same code paths at smoke scale: CPU processes joined by gloo, the tiny Llama, short texts,
-    a simulated 0.05 GiB cap; the sharded run on two processes and its one-process reference."""
+    a simulated 0.05 GiB cap; the sharded run on two processes (default allocator and expandable
+    segments, which CPU processes ignore) and its one-process reference."""
     tiny = dict(lora_r=16, attn="sdpa", max_len=32, warmup_steps=1, timed_steps=2)
     return ([DistSpec("train", "tiny", g, 1, 0.05, "fsdp", **tiny) for g in (2, 1)]
-            + [DistSpec("allreduce", gpus=2, sizes_mb=(0.1, 1), iters=3)])
+            + [DistSpec("allreduce", gpus=2, sizes_mb=(0.1, 1), iters=3)]
+            + [DistSpec("train", "tiny", 2, 1, 0.05, "fsdp", expandable_segments=True, **tiny)])
 
 
 def _oom_below(spec: DistSpec, done: dict[str, dict]) -> DistSpec | None:
