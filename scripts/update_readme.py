@@ -85,6 +85,36 @@ def _attention(res: results.Result) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _two_gpus(res: results.Result, spec: specs.GpuSpec | None) -> list[tuple[str, str, str]]:
+    rows = []
+    train = [r for r in res.records if r.get("kind") == "train"]
+    big = [r for r in train if r["model"] == "70b" and r["strategy"] == "fsdp" and r["gpus"] == 2 and r["cap_gb"] == 40]
+    for expandable in (True, False):
+        runs = sorted((r for r in big if bool(r.get("expandable_segments")) == expandable), key=lambda r: r["batch_size"])
+        if not runs:
+            continue
+        ok = [r for r in runs if r["status"] == "ok"]
+        allocator = "expandable segments" if expandable else "default allocator"
+        value = (f"trains to batch {ok[-1]['batch_size']}/GPU, {ok[-1]['tokens_per_s']:,.0f} tokens/s" if ok
+                 else "out of memory at batch 1")
+        first = runs[0]
+        rows.append((f"Llama-2-70B QLoRA, FSDP on 2 GPUs capped at 40 GiB each, {allocator}", value,
+                     f"batch {first['batch_size']}: {first['peak_alloc_gb_rank0']:.1f} GiB allocated, "
+                     f"{first['peak_reserved_gb_rank0']:.1f} GiB reserved per GPU"))
+    pairs = [r for r in train if r.get("scaling_efficiency") is not None]
+    if pairs:
+        rows.append((f"{pairs[0]['model'].upper()} QLoRA scaling, 1 to 2 GPUs",
+                     ", ".join(f"{r['strategy'].upper()} {r['scaling_efficiency']:.2f}" for r in pairs),
+                     "tokens/s on 2 / (2 x tokens/s on 1)"))
+    ar = [r for r in res.records if r.get("kind") == "allreduce"]
+    if ar:
+        best = max(ar, key=lambda r: r["busbw_gbps"])
+        ref = (f"{best['busbw_gbps'] / (spec.nvlink_gbps / 2):.0%} of NVLink's {spec.nvlink_gbps / 2:g} GB/s one way"
+               if spec and spec.nvlink_gbps else "")
+        rows.append((f"all-reduce bus bandwidth between 2 GPUs, {best['size_mb']:g} MiB", f"{best['busbw_gbps']:,.0f} GB/s", ref))
+    return rows
+
+
 def summary_figure(gpu: str = "h200") -> Path | None:
     """results/<gpu>/summary.png: the attention race at the target shape, and the fused kernel against
     eager and torch.compile, as bars."""
@@ -138,9 +168,10 @@ def render(gpu: str = "h200") -> str:
                 ("memory_hierarchy", _load("memory_hierarchy", gpu), lambda r: _memory(r, l2_bytes), "01"),
                 ("roofline", _load("roofline", gpu), lambda r: _roofline(r, spec), "02"),
                 ("fused_bias_gelu_layernorm", _load("fused_bias_gelu_layernorm", gpu), _fused, "04"),
-                ("flash_attention", _load("flash_attention", gpu), _attention, "05")]
-    lines = [f"Measured on one {ceilings.provenance['gpu']} by the notebooks; every row is read from "
-             f"`results/{gpu}/` by `scripts/update_readme.py`.", "",
+                ("flash_attention", _load("flash_attention", gpu), _attention, "05"),
+                (f"{gpu}x2/fsdp", _load("fsdp", f"{gpu}x2"), lambda r: _two_gpus(r, spec), "08")]
+    lines = [f"Measured on one {ceilings.provenance['gpu']} (notebook 08: two) by the notebooks; every row is read "
+             f"from `results/{gpu}/` (`results/{gpu}x2/`) by `scripts/update_readme.py`.", "",
              f"![summary](results/{gpu}/summary.png)", "",
              "| measurement | result | context | notebook |", "| --- | --- | --- | --- |"]
     sources = []
