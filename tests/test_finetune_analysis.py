@@ -57,6 +57,7 @@ def test_seed_table_first_oom_and_status():
                _train(2, 40, "oom"), {**_train(4, 40, "oom"), "measured": False},
                _train(1, None, "ok", step_s=0.4, mem_pct=20.0, gpu_util_pct=50.0)]
     table = analysis.seed_table(records, "7b", (None, 40))
+    assert list(table.columns) == ["whole card", "40 GB cap"]  # the caps' order, not the records'
     assert table.loc[1, "40 GB cap"] == "0.50 s, mem 76%, util 90%"
     assert table.loc[2, "40 GB cap"] == "OOM" and table.loc[4, "40 GB cap"] == "OOM (smaller batch did)"
     assert table.loc[2, "whole card"] == "-"

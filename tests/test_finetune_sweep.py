@@ -90,6 +90,13 @@ def test_two_gpus_share_the_sweep_a_group_on_one_gpu(env):
         p.key() for p in points if p.batch_size == 16])
 
 
+def test_a_childs_gpu_is_named_through_the_parents_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert sweep._child_devices("0") == "2" and sweep._child_devices("1") == "3"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert sweep._child_devices("1") == "1"
+
+
 def test_the_same_gpu_twice_is_refused(env):
     with pytest.raises(ValueError, match="distinct GPU ids"):
         sweep.run_sweep(sweep.plan(["tiny"], [1], [None]), data_path=env["data"], store_path=env["store"],

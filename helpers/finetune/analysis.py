@@ -150,5 +150,7 @@ def seed_table(records: list[dict], model: str, caps, **fields) -> pd.DataFrame:
                    (f", util {util:.0f}%" if util is not None else "")
         rows.setdefault(r["batch_size"], {})[label] = cell
     table = pd.DataFrame.from_dict(rows, orient="index").sort_index()
+    order = ["whole card" if c is None else f"{c:g} GB cap" for c in caps]
+    table = table[[c for c in order if c in table.columns]]  # the caps' order, whatever order the points ran in
     table.index.name = "batch size"
     return table.fillna("-")

@@ -109,9 +109,25 @@ def validate(points: list[PointSpec], scale: str = SCALE) -> None:
         raise ValueError("the sweep lists a point twice")
 
 
+def visible_gpus() -> list[str] | None:
+    """The GPU ids for ``run_sweep(gpus=...)``: every GPU this process sees when it sees more than one."""
+    if not HAS_CUDA:
+        return None
+    import torch
+
+    count = torch.cuda.device_count()  # NVML-based: creates no CUDA context in the sweep's process
+    return [str(i) for i in range(count)] if count > 1 else None
+
+
+def _child_devices(gpu: str) -> str:
+    """CUDA_VISIBLE_DEVICES for a child that must see only ``gpu``, an index among the GPUs this process sees."""
+    mine = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return mine[int(gpu)] if mine and gpu.isdigit() and int(gpu) < len(mine) else gpu
+
+
 def subprocess_runner(spec: PointSpec, data_path: Path, gpu: str | None = None) -> list[dict]:
     """Run one point in a fresh Python process (seeing only GPU ``gpu`` when given); its records."""
-    env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
+    env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": _child_devices(gpu)} if gpu is not None else {}))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "records.json"
         cmd = [sys.executable, "-m", "helpers.finetune.point", "--spec", spec.to_json(), "--data", str(data_path),
