@@ -1,0 +1,191 @@
+"""Token-by-token decoding of a Llama model with a static KV cache, optionally replayed as one CUDA graph.
+
+    dec = Decoder(model, max_len=640)                     # bitsandbytes' 4-bit matmuls, PyTorch's norms
+    dec = Decoder(model, max_len=640, linear=nf4_linear, norm=rms_norm, graph=True)   # the course's kernels
+    dec.prefill(prompt)                                   # (B, T) token ids
+    tokens = dec.generate(256)                            # greedy; (B, 256)
+
+One decode step reads the weights of a Hugging Face ``LlamaForCausalLM`` (its modules, not a copy)
+and does what the model's own forward does for one new token per sequence: embedding, per layer
+RMSNorm, q/k/v projections, rotary embedding, attention over the cache, output projection, residual,
+RMSNorm, SwiGLU MLP, residual; final norm and lm_head. Everything a step needs lives in tensors
+allocated once (the cache, the position, the token, the logits), and the position advances on the
+device, so a step has no host synchronisation and can be captured once and replayed: each token
+then costs one graph launch instead of hundreds of kernel launches from Python.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Linear = Callable[[torch.Tensor, nn.Module], torch.Tensor]
+Norm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+
+
+def module_linear(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """The module's own forward (bitsandbytes' 4-bit matmul for a ``Linear4bit``)."""
+    return module(x)
+
+
+def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm in PyTorch ops, with the casts of ``transformers``' ``LlamaRMSNorm``."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Decoder:
+    """Greedy or teacher-forced decoding of ``model`` for ``batch_size`` sequences of up to ``max_len`` tokens.
+
+    ``linear(x, module)`` computes every projection of the decoder layers (default: the module's own
+    forward); ``norm(x, weight, eps)`` every RMSNorm. ``graph=True`` (CUDA only) captures one step as
+    a CUDA graph on first use and replays it for every token.
+    """
+
+    def __init__(self, model: nn.Module, max_len: int, batch_size: int = 1, *, linear: Linear = module_linear,
+                 norm: Norm = torch_rms_norm, graph: bool = False) -> None:
+        if max_len < 1 or batch_size < 1:
+            raise ValueError(f"max_len and batch_size must be >= 1, got {max_len} and {batch_size}")
+        inner = getattr(model, "model", None)
+        if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
+            raise TypeError(f"expected a transformers LlamaForCausalLM, got {type(model).__name__}")
+        cfg = model.config
+        if max_len > cfg.max_position_embeddings:
+            raise ValueError(f"max_len {max_len} is beyond the model's {cfg.max_position_embeddings} positions")
+        self.model, self.linear, self.norm = model, linear, norm
+        self.device = inner.embed_tokens.weight.device
+        if graph and self.device.type != "cuda":
+            raise ValueError(f"graph=True needs the model on a CUDA device; it is on {self.device}")
+        self.dtype = inner.embed_tokens.weight.dtype
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.max_len, self.batch_size, self.use_graph = max_len, batch_size, graph
+        shape = (len(inner.layers), batch_size, self.kv_heads, max_len, self.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        positions = torch.arange(max_len, device=self.device)
+        probe = torch.zeros(1, dtype=self.dtype, device=self.device)
+        cos, sin = inner.rotary_emb(probe, positions[None])  # the model's own tables, in its dtype
+        self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # (max_len, head_dim)
+        self.positions = positions
+        self.pos = torch.zeros(1, dtype=torch.long, device=self.device)  # the next position to write
+        self.tokens = torch.zeros(batch_size, dtype=torch.long, device=self.device)
+        self.logits = torch.zeros(batch_size, cfg.vocab_size, dtype=torch.float32, device=self.device)
+        self.greedy = False  # inside the step: the next token = argmax of this step's logits
+        self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}  # one captured step per value of ``greedy``
+
+    def _attention(self, layer: nn.Module, i: int, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        attn, b = layer.self_attn, self.batch_size
+        q = self.linear(h, attn.q_proj).view(b, 1, self.heads, self.head_dim).transpose(1, 2)
+        k = self.linear(h, attn.k_proj).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.linear(h, attn.v_proj).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        self.k_cache[i].index_copy_(2, self.pos, k)
+        self.v_cache[i].index_copy_(2, self.pos, v)
+        out = F.scaled_dot_product_attention(q, self.k_cache[i], self.v_cache[i], attn_mask=mask,
+                                             enable_gqa=self.kv_heads != self.heads)
+        return self.linear(out.transpose(1, 2).reshape(b, 1, self.heads * self.head_dim), attn.o_proj)
+
+    def _step(self) -> None:
+        inner = self.model.model
+        x = inner.embed_tokens(self.tokens)[:, None, :]
+        mask = (self.positions <= self.pos)[None, None, None, :]  # the cache up to and including this token
+        for i, layer in enumerate(inner.layers):
+            ln = layer.input_layernorm
+            x = x + self._attention(layer, i, self.norm(x, ln.weight, ln.variance_epsilon), mask)
+            ln, mlp = layer.post_attention_layernorm, layer.mlp
+            h = self.norm(x, ln.weight, ln.variance_epsilon)
+            x = x + self.linear(F.silu(self.linear(h, mlp.gate_proj)) * self.linear(h, mlp.up_proj), mlp.down_proj)
+        x = self.norm(x, inner.norm.weight, inner.norm.variance_epsilon)
+        self.logits.copy_(self.model.lm_head(x)[:, 0])
+        self.pos.add_(1)
+        if self.greedy:
+            self.tokens.copy_(self.logits.argmax(-1))
+
+    def _capture(self) -> torch.cuda.CUDAGraph:
+        start, tokens = self.pos.clone(), self.tokens.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up outside the graph: lazy initialisation, autotuning, workspaces
+                self._step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._step()
+        self.pos.copy_(start)  # the warm-up steps advanced it (the cache beyond it is masked out)
+        self.tokens.copy_(tokens)
+        return graph
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed one token per sequence (None: keep the one in place) and return the logits, (B, vocab), fp32."""
+        if tokens is not None:
+            self.tokens.copy_(tokens.reshape(self.batch_size))
+        if self.use_graph:
+            if self.greedy not in self._graphs:
+                self._graphs[self.greedy] = self._capture()
+            self._graphs[self.greedy].replay()
+        else:
+            self._step()
+        return self.logits
+
+    def reset(self) -> None:
+        """Start new sequences: position 0 (the old cache entries are masked out, not cleared)."""
+        self.pos.zero_()
+
+    @torch.no_grad()
+    def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
+        """Reset and feed ``prompt`` (B, T) one token at a time; the logits after its last token."""
+        self._check_tokens(prompt)
+        self.reset()
+        self.greedy = False
+        for t in range(prompt.shape[1]):
+            self.step(prompt[:, t])
+        return self.logits
+
+    @torch.no_grad()
+    def teacher_forced(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits at every position of ``tokens`` (B, T), fed one at a time: (B, T, vocab), fp32."""
+        self._check_tokens(tokens)
+        self.reset()
+        self.greedy = False
+        out = torch.empty(*tokens.shape, self.logits.shape[-1], dtype=torch.float32, device=self.device)
+        for t in range(tokens.shape[1]):
+            out[:, t] = self.step(tokens[:, t])
+        return out
+
+    @torch.no_grad()
+    def generate(self, new_tokens: int) -> torch.Tensor:
+        """Greedy continuation after ``prefill``: (B, new_tokens) token ids; the loop never waits for the GPU."""
+        if new_tokens < 1 or int(self.pos) + new_tokens > self.max_len:
+            raise ValueError(f"{new_tokens} new tokens after position {int(self.pos)} do not fit in "
+                             f"max_len {self.max_len}")
+        self.tokens.copy_(self.logits.argmax(-1))
+        out = torch.empty(self.batch_size, new_tokens, dtype=torch.long, device=self.device)
+        self.greedy = True
+        try:
+            for t in range(new_tokens):
+                out[:, t] = self.tokens
+                self.step()
+        finally:
+            self.greedy = False
+        return out
+
+    def _check_tokens(self, tokens: torch.Tensor) -> None:
+        if tokens.dim() != 2 or tokens.shape[0] != self.batch_size:
+            raise ValueError(f"tokens must have shape (batch_size={self.batch_size}, T), got {tuple(tokens.shape)}")
+        if tokens.shape[1] > self.max_len:
+            raise ValueError(f"{tokens.shape[1]} tokens do not fit in max_len {self.max_len}")
+        if tokens.dtype != torch.long:
+            raise TypeError(f"tokens must be torch.long ids, got {tokens.dtype}")
