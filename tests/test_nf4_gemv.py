@@ -1,0 +1,251 @@
+"""The fused nf4 matrix-vector kernel against bitsandbytes' own dequantisation, in float64.
+
+On the CPU the kernel runs in the Triton interpreter, whose fp32 -> bf16 conversion truncates
+instead of rounding to nearest: the bf16 tolerance allows for it.
+"""
+import math
+
+import pytest
+import torch
+
+import helpers  # first: sets TRITON_INTERPRET before bitsandbytes imports Triton
+import bitsandbytes as bnb
+import bitsandbytes.functional as BF
+from helpers.kernels import nf4_gemv as K
+
+DEV = helpers.DEVICE
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# relative error (norm) of a result stored in the dtype, against float64
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Every float tensor the host code allocates with torch.empty starts as NaN."""
+    empty = torch.empty
+
+    def nan_empty(*a, **k):
+        t = empty(*a, **k)
+        return t.fill_(math.nan) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+
+
+def quantize(n, k, nested=True, storage=torch.uint8, blocksize=64, quant_type="nf4", seed=0):
+    """An (n, k) fp32 weight quantised by bitsandbytes: (packed, quant_state)."""
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)).to(DEV)
+    return BF.quantize_4bit(w, blocksize=blocksize, quant_type=quant_type, compress_statistics=nested,
+                            quant_storage=storage)
+
+
+def reference(x, packed, state, bias=None):
+    """x @ W^T (+ bias) in float64, W from bitsandbytes' dequantize_4bit."""
+    w = BF.dequantize_4bit(packed, state).to("cpu", torch.float64)
+    y = x.to("cpu", torch.float64) @ w.T
+    return y if bias is None else y + bias.to("cpu", torch.float64)
+
+
+def rel_err(a, ref):
+    a = a.detach().to("cpu", torch.float64)
+    assert not torch.isnan(a).any(), "NaN in the result (an element left unwritten?)"
+    return ((a - ref).norm() / ref.norm()).item()
+
+
+def randn(*shape, dtype=torch.float32, seed=1):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEV, dtype)
+
+
+# ------------------------------------------------------------------------------ against float64
+SHAPES = [  # (leading dims of x, N, K): N off every block size, K not a power of two, M = 1 ... 40
+    ((1,), 1, 64),
+    ((3,), 37, 192),
+    ((16,), 130, 320),
+    ((2, 3), 37, 320),
+    ((40,), 37, 64),
+]
+STORAGE = [(True, torch.uint8), (False, torch.uint8), (True, torch.bfloat16), (False, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nested,storage", STORAGE)
+@pytest.mark.parametrize("lead,n,k", SHAPES)
+def test_matches_float64(lead, n, k, nested, storage, dtype, poisoned):
+    packed, state = quantize(n, k, nested, storage)
+    x = randn(*lead, k, dtype=dtype)
+    y = K.nf4_matmul(x, (packed, state))
+    assert y.shape == (*lead, n) and y.dtype == dtype
+    assert rel_err(y, reference(x, packed, state)) < TOL[dtype]
+
+
+CONFIGS = [  # several chunks per program, split K (even and uneven), wide and narrow tiles
+    K.Config(16, 64, 4),
+    K.Config(64, 128, 4, split_k=2),
+    K.Config(16, 64, 2, split_k=3),
+    K.Config(32, 512, 4, split_k=4),
+]
+
+
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_configs_and_bias(cfg, m, poisoned):
+    packed, state = quantize(70, 448)
+    x, bias = randn(m, 448), randn(70, seed=2)
+    y = K.nf4_matmul(x, (packed, state), bias, config=cfg)
+    assert rel_err(y, reference(x, packed, state, bias)) < TOL[torch.float32]
+
+
+def test_split_k_is_deterministic():
+    packed, state = quantize(33, 1024)
+    x = randn(1, 1024)
+    cfg = K.Config(16, 64, 4, split_k=5)
+    assert torch.equal(K.nf4_matmul(x, (packed, state), config=cfg), K.nf4_matmul(x, (packed, state), config=cfg))
+
+
+@pytest.mark.parametrize("blocksize", [32, 128, 256])
+def test_other_blocksizes(blocksize):
+    packed, state = quantize(19, 512, blocksize=blocksize)
+    x = randn(2, 512)
+    assert rel_err(K.nf4_matmul(x, (packed, state)), reference(x, packed, state)) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_bias_in_another_dtype(dtype):
+    packed, state = quantize(37, 128)
+    x, bias = randn(1, 128, dtype=dtype), randn(37, dtype=torch.float16, seed=3)
+    assert rel_err(K.nf4_matmul(x, (packed, state), bias), reference(x, packed, state, bias)) < TOL[dtype]
+
+
+def test_strided_x():
+    packed, state = quantize(37, 128)
+    wide = randn(3, 256)
+    for x in (wide[:, :128], wide[:, ::2], randn(128, 3).t()):
+        assert not x.is_contiguous()
+        assert rel_err(K.nf4_matmul(x, (packed, state)), reference(x, packed, state)) < TOL[torch.float32]
+
+
+# ------------------------------------------------------------------------------- bitsandbytes modules
+@pytest.mark.parametrize("storage", [torch.uint8, torch.bfloat16])
+def test_matches_linear4bit(storage):
+    k, n = 192, 64
+    linear = torch.nn.Linear(k, n)
+    module = bnb.nn.Linear4bit(k, n, bias=True, compute_dtype=torch.bfloat16, quant_type="nf4",
+                               quant_storage=storage)
+    module.load_state_dict(linear.state_dict())
+    module = module.to(DEV)  # quantises
+    x = randn(3, k, dtype=torch.bfloat16)
+    ours = K.nf4_linear(x, module)  # before module(x): bitsandbytes' forward may change the bias' dtype
+    theirs = module(x)
+    assert ours.dtype == theirs.dtype == torch.bfloat16
+    assert rel_err(ours, theirs.double().cpu()) < TOL[torch.bfloat16]
+    assert rel_err(ours, reference(x, module.weight, module.weight.quant_state, linear.bias)) < TOL[torch.bfloat16]
+
+
+def test_params4bit_and_operands_are_reusable():
+    param = bnb.nn.Params4bit(randn(40, 256), quant_type="nf4", blocksize=64).to(DEV)
+    x = randn(2, 256)
+    ops = K.nf4_operands(param)
+    ref = reference(x, param, param.quant_state)
+    assert rel_err(K.nf4_matmul(x, param), ref) < TOL[torch.float32]
+    assert torch.equal(K.nf4_matmul(x, ops), K.nf4_matmul(x, param))
+
+
+def test_refuses_weight_repacked_for_the_cpu_kernel():
+    module = bnb.nn.Linear4bit(128, 64, quant_type="nf4").to(DEV).eval()
+    with torch.no_grad():
+        module(torch.randn(1, 128, device=DEV))
+    if not getattr(module.weight.quant_state, "packing_format_for_cpu", False):
+        pytest.skip("bitsandbytes did not repack the weight here (not a CPU with AVX512-BF16)")
+    with pytest.raises(ValueError, match="repacked"):
+        K.nf4_linear(torch.randn(1, 128, device=DEV), module)
+
+
+# ------------------------------------------------------------------------ what the kernel reads
+@pytest.mark.parametrize("storage", [torch.uint8, torch.bfloat16])
+def test_operands_are_the_packed_bytes_and_the_uint8_absmax(storage):
+    packed, state = quantize(37, 192, nested=True, storage=storage)
+    ops = K.nf4_operands((packed, state))
+    assert ops.packed.dtype == torch.uint8 and ops.packed.numel() == 37 * 192 // 2
+    assert ops.packed.data_ptr() == packed.data_ptr()  # a view of the 4-bit storage, not a copy
+    assert ops.absmax.dtype == torch.uint8 and ops.absmax.data_ptr() == state.absmax.data_ptr()
+    assert ops.nested_absmax.numel() == math.ceil(37 * 192 / 64 / 256)
+
+
+def test_never_calls_bitsandbytes_dequantisation(monkeypatch):
+    packed, state = quantize(37, 192)
+    x = randn(1, 192)
+    ref = reference(x, packed, state)
+
+    def refuse(*a, **k):
+        raise AssertionError("the weight was dequantised")
+
+    for name in ("dequantize_4bit", "dequantize_nf4", "dequantize_blockwise"):
+        monkeypatch.setattr(BF, name, refuse)
+    assert rel_err(K.nf4_matmul(x, (packed, state)), ref) < TOL[torch.float32]
+
+
+def test_pair_table_decodes_both_nibbles():
+    code = BF.get_4bit_type("nf4", device=DEV)
+    table = K.pair_table(code)
+    assert table is K.pair_table(code)  # cached per code tensor
+    first = (table & 0xFFFFFFFF).to(torch.int32).view(torch.float32)
+    second = (table >> 32).to(torch.int32).view(torch.float32)
+    b = torch.arange(256, device=DEV)
+    assert torch.equal(first, code[b >> 4]) and torch.equal(second, code[b & 15])
+
+
+def test_config_for():
+    for m, n, k in [(1, 4096, 4096), (1, 4096, 11008), (16, 12288, 4096), (64, 32000, 4096), (3, 37, 320)]:
+        cfg = K.config_for(m, n, k)
+        assert cfg.block_k % 64 == 0 and cfg.split_k >= 1
+        assert math.ceil(k / cfg.block_k) >= 2 * cfg.split_k or cfg.split_k == 1
+    assert K.config_for(1, 64, 4096).split_k > 1  # few outputs, long rows: K is split
+    assert K.config_for(1, 64, 4096, blocksize=1024).block_k >= 1024
+    with pytest.raises(ValueError, match="power of two"):
+        K.Config(48, 64, 4)
+    with pytest.raises(ValueError, match="split_k"):
+        K.Config(16, 64, 4, split_k=0)
+
+
+# --------------------------------------------------------------------------------- empty and bad
+def test_empty_input_returns_empty():
+    packed, state = quantize(37, 64)
+    assert K.nf4_matmul(randn(0, 64), (packed, state)).shape == (0, 37)
+    assert K.nf4_matmul(randn(2, 0, 64), (packed, state)).shape == (2, 0, 37)
+
+
+def test_bad_input_is_a_clear_error():
+    packed, state = quantize(37, 64)
+    w = (packed, state)
+    x = randn(1, 64)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        K.nf4_matmul(x.tolist(), w)
+    with pytest.raises(TypeError, match="x must be one of"):
+        K.nf4_matmul(x.double(), w)
+    with pytest.raises(TypeError, match="x must be one of"):
+        K.nf4_matmul(x.int(), w)
+    with pytest.raises(ValueError, match=r"K = 64"):
+        K.nf4_matmul(randn(1, 128), w)
+    with pytest.raises(ValueError, match="one device"):
+        K.nf4_matmul(x.to("meta"), w)
+    with pytest.raises(ValueError, match=rf"M <= {K.MAX_M}.*dequantize_4bit"):
+        K.nf4_matmul(randn(K.MAX_M + 1, 64), w)
+    with pytest.raises(ValueError, match=r"bias must be a float tensor of shape \(37,\)"):
+        K.nf4_matmul(x, w, randn(36))
+    with pytest.raises(ValueError, match="bias is on"):
+        K.nf4_matmul(x, w, randn(37).to("meta"))
+    with pytest.raises(TypeError, match="bias must be a torch.Tensor"):
+        K.nf4_matmul(x, w, 1.0)
+    with pytest.raises(TypeError, match="Params4bit"):
+        K.nf4_matmul(x, packed)
+    with pytest.raises(TypeError, match="Linear4bit"):
+        K.nf4_linear(x, torch.nn.Linear(64, 37))
+    with pytest.raises(ValueError, match="only nf4"):
+        K.nf4_matmul(x, quantize(37, 64, quant_type="fp4"))
+    with pytest.raises(ValueError, match="K = 33 is odd"):
+        K.nf4_matmul(randn(1, 33), quantize(64, 33))
+    with pytest.raises(ValueError, match="blocksize = 64 must be a power of two >= 32 that divides K = 96"):
+        K.nf4_matmul(randn(1, 96), quantize(4, 96))
+    with pytest.raises(ValueError, match="multiple of the weight's blocksize"):
+        K.nf4_matmul(x, w, config=K.Config(16, 32, 4))
+    with pytest.raises(ValueError, match="block_n >= 16"):
+        K.nf4_matmul(randn(2, 64), w, config=K.Config(8, 64, 4))
