@@ -171,3 +171,33 @@ def peak_memory_bytes(fn: Callable[[], object], warmup: bool = False) -> int | N
     peak = torch.cuda.max_memory_allocated() - before
     del result
     return peak
+
+
+def profile_kernels(fn: Callable[[], object], reps: int = 5) -> list[dict]:
+    """Run ``fn`` ``reps`` times under ``torch.profiler`` and list what ran, slowest first:
+    ``{"name", "calls", "us_per_call"}``. On a GPU these are the CUDA kernels and their device
+    time; on the CPU the ``aten::`` operators and their CPU time."""
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
+    fn()  # warm-up outside the profile
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if HAS_CUDA:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize()
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(reps):
+            fn()
+        if HAS_CUDA:
+            torch.cuda.synchronize()
+    rows = []
+    for evt in prof.key_averages():
+        if HAS_CUDA:
+            if evt.device_type != torch.autograd.DeviceType.CUDA or evt.self_device_time_total <= 0:
+                continue
+            total = evt.self_device_time_total
+        else:
+            if not evt.key.startswith("aten::") or evt.self_cpu_time_total <= 0:
+                continue
+            total = evt.self_cpu_time_total
+        rows.append({"name": evt.key, "calls": evt.count // reps, "us_per_call": total / max(evt.count, 1)})
+    return sorted(rows, key=lambda r: -r["us_per_call"] * r["calls"])

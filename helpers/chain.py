@@ -1,14 +1,12 @@
 """The naive ``x + bias -> GELU -> LayerNorm`` chain in eager PyTorch, what each of its kernels must
-move through memory, and small profiling helpers (notebooks 03 and 04)."""
+move through memory (notebooks 03 and 04)."""
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from .bench import peak_memory_bytes as peak_extra_memory  # noqa: F401  (notebook 03 calls it by this name)
-from .device import HAS_CUDA
+from .bench import profile_kernels  # noqa: F401  (notebook 03 calls it from here)
 
 
 def eager_chain(x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor | None = None,
@@ -58,33 +56,3 @@ def fused_backward_bytes(m: int, n: int, elem: int) -> int:
     """One fused backward pass: read x and dy, write dx, read mean/rstd and parameters, write three gradients."""
     _check_sizes(m, n, elem)
     return 3 * m * n * elem + 2 * m * 4 + 5 * n * elem
-
-
-def profile_kernels(fn: Callable[[], object], reps: int = 5) -> list[dict]:
-    """Run ``fn`` ``reps`` times under ``torch.profiler`` and list what ran, slowest first:
-    ``{"name", "calls", "us_per_call"}``. On a GPU these are the CUDA kernels and their device
-    time; on the CPU the ``aten::`` operators and their CPU time."""
-    if reps < 1:
-        raise ValueError(f"reps must be >= 1, got {reps}")
-    fn()  # warm-up outside the profile
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if HAS_CUDA:
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-        torch.cuda.synchronize()
-    with torch.profiler.profile(activities=activities) as prof:
-        for _ in range(reps):
-            fn()
-        if HAS_CUDA:
-            torch.cuda.synchronize()
-    rows = []
-    for evt in prof.key_averages():
-        if HAS_CUDA:
-            if evt.device_type != torch.autograd.DeviceType.CUDA or evt.self_device_time_total <= 0:
-                continue
-            total = evt.self_device_time_total
-        else:
-            if not evt.key.startswith("aten::") or evt.self_cpu_time_total <= 0:
-                continue
-            total = evt.self_cpu_time_total
-        rows.append({"name": evt.key, "calls": evt.count // reps, "us_per_call": total / max(evt.count, 1)})
-    return sorted(rows, key=lambda r: -r["us_per_call"] * r["calls"])
