@@ -1,0 +1,346 @@
+"""RMSNorm as Llama defines it, forward and backward, each one fused Triton kernel.
+
+``y = weight * (x * rsqrt(mean(x**2) + eps)).to(x.dtype)`` over the last dimension, with the
+statistics in fp32: the semantics of ``transformers``' ``LlamaRMSNorm``, rounding for rounding. The normalised row is
+rounded to the input's dtype *before* the weight is applied, and the result's dtype is
+``torch.promote_types(x.dtype, weight.dtype)``: bf16 activations with a bf16 weight give bf16; with
+the fp32 weight of a QLoRA model (norms kept in fp32) they give fp32.
+
+Forward: one read of ``x`` and one write of ``y`` per element (4 bytes for bf16 in and out, 6 for bf16
+in and fp32 out), plus the fp32 ``rstd`` of each row (4 bytes per row), kept for the backward. The
+weight is read once per program and stays in registers. Rows wider than one block are walked twice:
+a first pass sums the squares chunk by chunk, a second normalises and writes (the second read of a
+row mostly hits L2).
+
+Backward: one read of ``x`` and ``dy`` and one write of ``dx`` per element (6 bytes in bf16, 8 with the
+fp32 ``dy`` of an fp32 weight), plus ``rstd``. The normalised row is recomputed from ``x`` and the saved
+``rstd``, never stored::
+
+    h = x * rstd,   g = dy * weight,   dx = rstd * (g - h * mean(g * h))
+
+(the cast of ``h`` to the input dtype passes the gradient through, as autograd does; ``g`` stays in fp32
+where autograd rounds it to the input dtype: one rounding fewer).
+Rows wider than one block take two passes, ``mean(g * h)`` then ``dx``, reading ``x`` and ``dy`` twice.
+``d(weight)`` is the column sum of ``dy * h.to(x.dtype)`` over all rows: each program accumulates its
+rows' share in registers and writes one row of fp32 partial sums, and the second small kernel of the
+fused LayerNorm adds the partial rows in a fixed order (deterministic). A weight that needs no
+gradient (a frozen QLoRA norm) skips both.
+
+Launch shapes (:class:`Config`, the one of the fused LayerNorm) default to the shapes measured on the
+H200 for the fused bias + GELU + LayerNorm kernel, which moves the same bytes per element and reduces
+rows the same way; ``config=`` overrides them for sweeps on the GPU.
+
+In the Triton interpreter (no GPU) fp32 -> bf16 conversions truncate instead of rounding to nearest,
+so bf16 results there can be one bf16 step off from a GPU's; fp16 and fp32 are rounded as on a GPU.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernels are defined
+from . import fused_bias_gelu_layernorm as _ln
+from .fused_bias_gelu_layernorm import Config, _mask, _sm_count, _sum_partials_kernel
+
+__all__ = ["Config", "FusedRMSNorm", "MAX_N", "RMSNormFunction", "backward", "backward_config", "forward",
+           "forward_config", "rms_norm"]
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_N = 1 << 16  # widest row accepted (the chunked path handles any width; this bounds the partial sums' memory)
+
+
+# ---------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _like_input(v, X):
+    """fp32 ``v`` rounded to the element type of the pointer ``X`` and back to fp32
+    (``LlamaRMSNorm``'s ``.to(input_dtype)`` before the weight)."""
+    return v.to(X.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _forward_kernel(X, W, Y, RSTD, M, N, stride_x, eps,
+                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, EVEN_N: tl.constexpr):
+    """Program p normalises row blocks p, p + P, p + 2P, ... (P programs); rows of X are ``stride_x``
+    apart, rows of Y are contiguous."""
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    n_blocks = tl.cdiv(M, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    if SINGLE:  # the whole row sits in registers: one read, one write
+        w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+        for blk in range(pid, n_blocks, n_prog):
+            rows = blk * ROWS + tl.arange(0, ROWS)
+            mask = _mask(rows, cols, M, N, EVEN_N)
+            rows64 = rows.to(tl.int64)[:, None]
+            x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+            y = w[None, :] * _like_input(x * rstd[:, None], X)
+            tl.store(RSTD + rows, rstd, mask=rows < M)
+            tl.store(Y + rows64 * N + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    else:  # a row wider than one block: sum of squares chunk by chunk, then normalise chunk by chunk
+        for blk in range(pid, n_blocks, n_prog):
+            rows = blk * ROWS + tl.arange(0, ROWS)
+            row_ok = rows < M
+            x_row = X + rows.to(tl.int64)[:, None] * stride_x
+            y_row = Y + rows.to(tl.int64)[:, None] * N
+            acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                x = tl.load(x_row + c[None, :], mask=row_ok[:, None] & (c < N)[None, :], other=0.0).to(tl.float32)
+                acc += x * x
+            rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
+            tl.store(RSTD + rows, rstd, mask=row_ok)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                c_ok = c < N
+                mask = row_ok[:, None] & c_ok[None, :]
+                x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(W + c, mask=c_ok, other=0.0).to(tl.float32)
+                y = w[None, :] * _like_input(x * rstd[:, None], X)
+                tl.store(y_row + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _backward_kernel(X, W, DY, RSTD, DX, PART, M, N, stride_x,
+                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, EVEN_N: tl.constexpr,
+                     HAS_DW: tl.constexpr):
+    """Program p walks row blocks p, p + P, ...: writes their dx and, with HAS_DW, its partial column
+    sums of d(weight) = dy * h.to(x.dtype) into PART[p, :]. DY and DX are contiguous."""
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    n_blocks = tl.cdiv(M, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    part = PART + pid.to(tl.int64) * N
+    if SINGLE:
+        w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+        acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        for blk in range(pid, n_blocks, n_prog):
+            rows = blk * ROWS + tl.arange(0, ROWS)
+            mask = _mask(rows, cols, M, N, EVEN_N)
+            rows64 = rows.to(tl.int64)[:, None]
+            x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + rows64 * N + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(RSTD + rows, mask=rows < M, other=0.0)
+            h = x * rstd[:, None]
+            if HAS_DW:
+                acc += dy * _like_input(h, X)  # dy is 0 in masked lanes
+            g = dy * w[None, :]
+            c1 = tl.sum(g * h, axis=1) / N
+            dx = (g - h * c1[:, None]) * rstd[:, None]
+            tl.store(DX + rows64 * N + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        if HAS_DW:
+            tl.store(part + cols, tl.sum(acc, axis=0), mask=cols < N)
+    else:  # chunked: mean(g * h) in a first pass, dx and d(weight) in a second
+        for blk in range(pid, n_blocks, n_prog):
+            rows = blk * ROWS + tl.arange(0, ROWS)
+            row_ok = rows < M
+            x_row = X + rows.to(tl.int64)[:, None] * stride_x
+            dy_row = DY + rows.to(tl.int64)[:, None] * N
+            dx_row = DX + rows.to(tl.int64)[:, None] * N
+            rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+            s = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                c_ok = c < N
+                mask = row_ok[:, None] & c_ok[None, :]
+                x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(W + c, mask=c_ok, other=0.0).to(tl.float32)
+                s += dy * w[None, :] * x
+            c1 = tl.sum(s, axis=1) * rstd / N  # mean(g * h), h = x * rstd
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                c_ok = c < N
+                mask = row_ok[:, None] & c_ok[None, :]
+                x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(W + c, mask=c_ok, other=0.0).to(tl.float32)
+                h = x * rstd[:, None]
+                if HAS_DW:  # this program's own row of PART: no other program touches it
+                    dw = tl.sum(dy * _like_input(h, X), axis=0)
+                    tl.store(part + c, tl.load(part + c, mask=c_ok) + dw, mask=c_ok)
+                dx = (dy * w[None, :] - h * c1[:, None]) * rstd[:, None]
+                tl.store(dx_row + c[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------- launch shapes
+def forward_config(n: int, dtype: torch.dtype) -> Config:
+    """The forward's launch shape for rows of ``n`` elements of ``dtype`` (the input's): the fused
+    LayerNorm forward's H200 table (a whole row in one block up to 16384 elements)."""
+    return _ln.forward_config(n, dtype)
+
+
+def backward_config(n: int, dtype: torch.dtype) -> Config:
+    """The backward's launch shape (see :func:`forward_config`; one block holds up to 8192 elements)."""
+    return _ln.backward_config(n, dtype)
+
+
+def _grid(m: int, cfg: Config, device: torch.device) -> tuple[int, int]:
+    """(rows per program, programs): no more rows per block than there are rows (batch-1 decoding),
+    a few programs per multiprocessor, each looping over row blocks."""
+    rows = min(cfg.rows, triton.next_power_of_2(m))
+    return rows, max(1, min(triton.cdiv(m, rows), cfg.programs_per_sm * _sm_count(device)))
+
+
+# ----------------------------------------------------------------------------------- input checks
+def _check(x: torch.Tensor, weight: torch.Tensor) -> int:
+    """Validate the pair and return N, the row width."""
+    for name, t in (("x", x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension (..., N); got a 0-d tensor")
+    accepted = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
+    for name, t in (("x", x), ("weight", weight)):
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; accepted: {accepted}, in any pairing of x and weight "
+                            "(the result has torch.promote_types(x.dtype, weight.dtype), as in LlamaRMSNorm)")
+    n = x.shape[-1]
+    if weight.dim() != 1 or weight.shape[0] != n:
+        raise ValueError(f"weight must have shape ({n},) to match x's last dimension, got {tuple(weight.shape)}")
+    if n > MAX_N:
+        raise ValueError(f"N = {n} is beyond what this kernel supports (N <= {MAX_N})")
+    if weight.device != x.device:
+        raise ValueError(f"weight is on {weight.device} but x is on {x.device}; they must be on one device")
+    if x.device.type != "cuda" and not _device.INTERPRET:
+        raise ValueError(f"x is on {x.device}; the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)")
+    if n > 1 and weight.stride(0) != 1:
+        raise ValueError(f"weight must be contiguous (got stride {weight.stride(0)}); call .contiguous() first")
+    return n
+
+
+def _check_eps(eps: float) -> None:
+    """Refuse an epsilon that is not a finite positive number (0 divides by zero on an all-zero row)."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (eps > 0 and math.isfinite(eps)):
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+
+
+def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x`` as an (M, N) view with unit column stride, whatever its leading dims; refuse otherwise."""
+    try:
+        x2 = x.view(-1, n)
+    except RuntimeError:
+        x2 = None
+    if x2 is None or (n > 1 and x2.stride(1) != 1):
+        raise ValueError(f"x must be contiguous along its last dimension, with rows evenly spaced (got strides "
+                         f"{x.stride()} for shape {tuple(x.shape)}); call .contiguous() first")
+    return x2
+
+
+# --------------------------------------------------------------------------------- host functions
+def forward(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+            config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``LlamaRMSNorm`` over the last dimension, with the statistics: returns ``(y, rstd)``, ``y`` of
+    ``x``'s shape in ``torch.promote_types(x.dtype, weight.dtype)``, ``rstd`` fp32 of shape
+    ``x.shape[:-1]``. ``x`` may be a view whose rows are evenly spaced (a slice of wider rows);
+    ``config`` overrides :func:`forward_config`."""
+    n = _check(x, weight)
+    _check_eps(eps)
+    y = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        return y, rstd
+    x2 = _rows(x, n)
+    m = x2.shape[0]
+    cfg = config or forward_config(n, x.dtype)
+    rows, programs = _grid(m, cfg, x.device)
+    _forward_kernel[(programs,)](x2, weight, y, rstd, m, n, x2.stride(0), eps,
+                                 BLOCK_N=cfg.block_n, ROWS=rows, SINGLE=cfg.block_n >= n, EVEN_N=cfg.block_n == n,
+                                 num_warps=cfg.num_warps)
+    return y, rstd
+
+
+def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+             config: Config | None = None, weight_grad: bool = True
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gradients of :func:`forward` given ``dy``: ``(dx, dweight)``, ``dx`` contiguous in ``x``'s dtype,
+    ``dweight`` in ``weight``'s dtype, or None with ``weight_grad=False`` (a frozen weight: no
+    partial sums, no second kernel). ``config`` overrides :func:`backward_config`."""
+    n = _check(x, weight)
+    if not isinstance(dy, torch.Tensor) or dy.shape != x.shape or dy.dtype not in DTYPES or dy.device != x.device:
+        got = f"{tuple(dy.shape)}, {dy.dtype}, {dy.device}" if isinstance(dy, torch.Tensor) else type(dy).__name__
+        raise ValueError(f"dy must be a float32/float16/bfloat16 tensor of x's shape {tuple(x.shape)} on "
+                         f"{x.device}; got {got}")
+    if not isinstance(rstd, torch.Tensor) or rstd.shape != x.shape[:-1] or rstd.dtype != torch.float32 \
+            or rstd.device != x.device or not rstd.is_contiguous():
+        got = f"{tuple(rstd.shape)}, {rstd.dtype}, {rstd.device}" if isinstance(rstd, torch.Tensor) \
+            else type(rstd).__name__
+        raise ValueError(f"rstd must be the forward's contiguous fp32 statistics of shape {tuple(x.shape[:-1])} "
+                         f"on {x.device}; got {got}")
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dweight = torch.zeros(n, dtype=weight.dtype, device=x.device) if weight_grad else None
+    if x.numel() == 0:
+        return dx, dweight
+    x2 = _rows(x, n)
+    m = x2.shape[0]
+    cfg = config or backward_config(n, x.dtype)
+    rows, programs = _grid(m, cfg, x.device)
+    part = torch.zeros(programs, n, dtype=torch.float32, device=x.device) if weight_grad else dx
+    _backward_kernel[(programs,)](x2, weight, dy.contiguous(), rstd, dx, part, m, n, x2.stride(0),
+                                  BLOCK_N=cfg.block_n, ROWS=rows, SINGLE=cfg.block_n >= n,
+                                  EVEN_N=cfg.block_n == n, HAS_DW=weight_grad, num_warps=cfg.num_warps)
+    if weight_grad:  # the LayerNorm's reduction kernel, its first output only (grid of one along k)
+        block_c = min(256, triton.next_power_of_2(n))
+        _sum_partials_kernel[(triton.cdiv(n, block_c), 1)](part, dweight, dweight, dweight, programs, n,
+                                                           BLOCK_P=32, BLOCK_C=block_c, num_warps=4)
+    return dx, dweight
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """autograd wrapper: forward and backward through the fused kernels, saving ``x`` and ``rstd``."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, config):
+        y, rstd = forward(x, weight, eps, config)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.config = config
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dweight = backward(dy, x, weight, rstd, ctx.config, weight_grad=ctx.needs_input_grad[1])
+        return dx if ctx.needs_input_grad[0] else None, dweight, None, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, config: Config | None = None) -> torch.Tensor:
+    """``LlamaRMSNorm``'s forward, differentiable in ``x`` and ``weight``:
+    ``weight * (x.float() * rsqrt(mean(x.float()**2, -1) + eps)).to(x.dtype)``.
+    ``config`` sets one launch shape for both passes (tests and sweeps); None takes the tables."""
+    return RMSNormFunction.apply(x, weight, eps, config)
+
+
+class FusedRMSNorm(torch.nn.Module):
+    """Drop-in for ``LlamaRMSNorm``: the same ``weight`` and ``variance_epsilon`` attributes, the same
+    numbers up to rounding, one kernel per pass."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None):
+        super().__init__()
+        if hidden_size < 1:
+            raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        self.variance_epsilon = eps
+
+    @classmethod
+    def from_llama(cls, module: torch.nn.Module) -> "FusedRMSNorm":
+        """A fused module sharing ``module``'s weight Parameter (not a copy) and epsilon, for patching
+        a model in place. ``module`` is a ``LlamaRMSNorm`` or any norm with its semantics and attributes
+        (Mistral's, Qwen2's)."""
+        weight = getattr(module, "weight", None)
+        eps = getattr(module, "variance_epsilon", None)
+        if not isinstance(weight, torch.nn.Parameter) or weight.dim() != 1 or not isinstance(eps, (int, float)):
+            raise TypeError(f"from_llama needs a LlamaRMSNorm-like module (a 1-D weight Parameter and a float "
+                            f"variance_epsilon), got {type(module).__name__}")
+        fused = cls(weight.shape[0], eps, device="meta")
+        fused.weight = weight
+        return fused.train(module.training)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
