@@ -130,6 +130,9 @@ def build_random(spec: ModelSpec, device: torch.device | str, seed: int = 0, att
     with torch.device(device):  # embeddings, final norm, rotary table, lm_head; no layers yet
         model = LlamaForCausalLM(llama_config(dataclasses.replace(spec, num_hidden_layers=0)))
     model.to(torch.bfloat16)
+    with torch.no_grad():  # from the seeded generator too (the constructor drew them from the global one)
+        for table in (model.model.embed_tokens.weight, model.lm_head.weight):
+            table.normal_(0.0, std, generator=generator)
     config = model.config  # shared by every submodule; now say how many layers it will have
     config.num_hidden_layers = spec.num_hidden_layers
     config._attn_implementation = attn
