@@ -108,14 +108,14 @@ def train_rank(spec: DistSpec, data: TokenizedData, device: torch.device, rank: 
         mine["stage"] = "train"
         mine["checkpointing"] = check_checkpointing(model, batches[0]["input_ids"][:1, :16].to(device))
         before = lora_vector(model)
-        times, summary, loss = timed_steps(model, batches, device, spec.warmup_steps, meter)
+        times, summary, losses = timed_steps(model, batches, device, spec.warmup_steps, meter)
         after = lora_vector(model)
     except Exception as error:
         if not is_oom(error):
             raise
         mine.update(status="oom", oom_message=str(error).splitlines()[0][:200], **_peaks(device, meter))
         return mine
-    mine.update(status="ok", times=times, loss=loss, lora_norm=float(after.norm()),
+    mine.update(status="ok", times=times, loss=losses[-1], lora_norm=float(after.norm()),
                 lora_change=float((after - before).norm()), gpu_util_pct=summary.get("util_pct_mean"),
                 timed_tokens=sum(global_tokens[spec.warmup_steps:]), **_peaks(device, meter))
     return mine

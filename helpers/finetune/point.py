@@ -177,7 +177,7 @@ def run_train(spec: PointSpec, data: TokenizedData, device: torch.device) -> lis
         if device.type == "cpu":
             limit = None if spec.cap_gb is None else int(spec.cap_gb * GiB)
             meter = SimulatedMemory(model_bytes(model), limit)
-        times, monitor_summary, loss = timed_steps(model, batches, device, spec.warmup_steps, meter)
+        times, monitor_summary, losses = timed_steps(model, batches, device, spec.warmup_steps, meter)
     except Exception as error:
         if not is_oom(error):
             raise
@@ -186,19 +186,20 @@ def run_train(spec: PointSpec, data: TokenizedData, device: torch.device) -> lis
         return [record]
     real_tokens = sum(int(b["attention_mask"].sum()) for b in timed)
     record.update(status="ok", step_s=statistics.median(times), tokens_per_s=real_tokens / sum(times),
-                  samples_per_s=spec.batch_size * len(times) / sum(times), loss=loss,
+                  samples_per_s=spec.batch_size * len(times) / sum(times), loss=losses[-1],
                   gpu_util_pct=monitor_summary.get("util_pct_mean"), mem_pct=monitor_summary.get("mem_pct_max"),
                   **_peaks(device, meter))
     return [record]
 
 
 def timed_steps(model: torch.nn.Module, batches: list[dict], device: torch.device, warmup_steps: int,
-                meter: SimulatedMemory | None) -> tuple[list[float], dict, float]:
+                meter: SimulatedMemory | None) -> tuple[list[float], dict, list[float]]:
     """Train one AdamW step per batch; time each step after ``warmup_steps`` (device synchronised on both
-    sides) while the GPU monitor samples them. Returns the step times [s], the monitor's summary and the
-    last step's loss."""
+    sides) while the GPU monitor samples them. Returns the step times [s], the monitor's summary and
+    every step's loss."""
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
     times: list[float] = []
+    losses: list[float] = []
     monitor = contextlib.nullcontext()
     for i, batch in enumerate(batches):
         batch = {k: v.to(device) for k, v in batch.items()}
@@ -215,8 +216,9 @@ def timed_steps(model: torch.nn.Module, batches: list[dict], device: torch.devic
         sync(device)
         if i >= warmup_steps:
             times.append(time.perf_counter() - t0)
+        losses.append(float(loss.detach()))  # after the synchronisation: costs no extra wait
     monitor.__exit__(None, None, None)
-    return times, (monitor.summary() if hasattr(monitor, "samples") else {}), float(loss.detach())
+    return times, (monitor.summary() if hasattr(monitor, "samples") else {}), losses
 
 
 def _monitor(device: torch.device):

@@ -1,0 +1,150 @@
+"""The decoding ladder of notebook 07: the stock path, then one change at a time, each timed and checked.
+
+Every variant decodes the same model greedily at batch ``B``; tokens/s counts new tokens of all
+sequences. Each variant's correctness is checked teacher-forced: the logits it computes, fed the
+same token sequence one token at a time, against the model's own forward over the whole sequence.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .decode import Decoder, module_linear, torch_rms_norm
+
+VARIANTS = ("stock generate", "static cache", "static cache + CUDA graph", "+ fused nf4 GEMV", "+ fused RMSNorm")
+
+
+def _kernels(variant: str) -> tuple[Callable, Callable]:
+    from .kernels.nf4_gemv import nf4_linear
+    from .kernels.rms_norm import rms_norm
+
+    linear = nf4_linear if variant in VARIANTS[3:] else module_linear
+    norm = rms_norm if variant == VARIANTS[4] else torch_rms_norm
+    return linear, norm
+
+
+def decoder(model: nn.Module, variant: str, max_len: int, batch_size: int = 1) -> Decoder:
+    """The ``Decoder`` of a ladder step (every step but the stock one)."""
+    if variant not in VARIANTS[1:]:
+        raise ValueError(f"variant must be one of {VARIANTS[1:]}, got {variant!r}")
+    linear, norm = _kernels(variant)
+    graph = variant != "static cache"
+    if graph and not torch.cuda.is_available():
+        graph = False  # smoke scale on a CPU: the same code without the graph
+    return Decoder(model, max_len, batch_size, linear=linear, norm=norm, graph=graph)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def time_variant(model: nn.Module, variant: str, prompt: torch.Tensor, new_tokens: int, repeats: int = 3) -> float:
+    """Median seconds to produce ``new_tokens`` after ``prompt`` (B, T), after one untimed warm-up run.
+
+    The stock variant is ``model.generate`` (it also encodes the prompt: one forward, a negligible
+    share at 64+ new tokens); the others time ``Decoder.generate`` after their prefill.
+    """
+    device = prompt.device
+    if variant == VARIANTS[0]:
+        def run() -> float:
+            _sync(device)
+            start = time.perf_counter()
+            model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                           min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+            _sync(device)
+            return time.perf_counter() - start
+    else:
+        dec = decoder(model, variant, prompt.shape[1] + new_tokens, prompt.shape[0])
+
+        def run() -> float:
+            dec.prefill(prompt)
+            _sync(device)
+            start = time.perf_counter()
+            dec.generate(new_tokens)
+            _sync(device)
+            return time.perf_counter() - start
+    run()
+    return statistics.median(run() for _ in range(repeats))
+
+
+@torch.no_grad()
+def logits_error(model: nn.Module, variant: str, tokens: torch.Tensor) -> float:
+    """Largest error of a variant's teacher-forced logits over every position of ``tokens`` (B, T),
+    relative to the largest logit at that position of the model's own forward over the whole sequence."""
+    reference = model(tokens).logits.float()
+    ours = decoder(model, variant, tokens.shape[1], tokens.shape[0]).teacher_forced(tokens)
+    scale = reference.abs().amax(-1, keepdim=True)
+    return float(((ours - reference).abs() / scale).max())
+
+
+def ladder(model: nn.Module, model_name: str, bytes_per_token: float, bandwidth_gbps: float, *,
+           batch_size: int = 1, prompt_len: int = 16, new_tokens: int = 256, check_len: int = 80,
+           variants: tuple[str, ...] = VARIANTS, seed: int = 0, progress: bool = True) -> list[dict]:
+    """Time and check every variant; one record each.
+
+    ``bytes_per_token``: what one decode step must read at least; ``bandwidth_gbps``: the measured
+    copy bandwidth; their ratio is the roofline (tokens/s if every step only moved its bytes).
+    """
+    from tqdm.auto import tqdm
+
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; known: {VARIANTS}")
+    device = model.model.embed_tokens.weight.device
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(3, vocab, (batch_size, prompt_len), generator=gen).to(device)
+    check = torch.randint(3, vocab, (batch_size, check_len), generator=gen).to(device)
+    roofline = bandwidth_gbps * 1e9 / bytes_per_token * batch_size
+    records = []
+    for variant in tqdm(variants, desc=f"{model_name} decoding ladder", disable=not progress):
+        seconds = time_variant(model, variant, prompt, new_tokens)
+        records.append({"model": model_name, "variant": variant, "batch_size": batch_size, "new_tokens": new_tokens,
+                        "prompt_tokens": prompt_len, "seconds": seconds,
+                        "tokens_per_s": batch_size * new_tokens / seconds, "roofline_tokens_per_s": roofline,
+                        "logits_max_rel_error": None if variant == VARIANTS[0] else logits_error(model, variant, check),
+                        "checked_positions": check_len})  # the stock path is the reference itself
+    return records
+
+
+LLAMA_7B_SHAPES = {"q, k, v, o (4096 x 4096)": (4096, 4096), "gate, up (11008 x 4096)": (11008, 4096),
+                   "down (4096 x 11008)": (4096, 11008), "vocabulary-sized (32000 x 4096)": (32000, 4096)}
+GEMV_IMPLS = ("bitsandbytes", "dequantize + matmul", "course")
+
+
+def gemv_bandwidth(shapes: dict[str, tuple[int, int]], rows: int = 1, seed: int = 0) -> list[dict]:
+    """Time ``x @ W^T`` for an nf4 ``W`` (N, K) and bf16 ``x`` (rows, K) three ways: bitsandbytes'
+    ``matmul_4bit`` (what ``Linear4bit`` runs at inference: its fused 4-bit kernel), bitsandbytes'
+    dequantisation then a bf16 matmul (what training runs), and the course's fused kernel.
+    ``gbps`` counts the bytes the fused kernel must move (packed codes, nested scales, x, y), so it is
+    comparable with the copy bandwidth whatever the implementation does."""
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as bnbf
+
+    from .bench import time_fn
+    from .kernels.nf4_gemv import nf4_matmul, nf4_operands
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=device).manual_seed(seed)
+    records = []
+    for label, (n, k) in shapes.items():
+        w = torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * 0.02
+        packed, state = bnbf.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True)
+        del w
+        x = torch.randn(rows, k, device=device, dtype=torch.bfloat16, generator=gen)
+        ops = nf4_operands((packed, state))
+        impls = {"bitsandbytes": lambda: bnb.matmul_4bit(x, packed.t(), quant_state=state),  # Linear4bit's path
+                 "dequantize + matmul": lambda: torch.nn.functional.linear(x, bnbf.dequantize_4bit(packed, state)),
+                 "course": lambda: nf4_matmul(x, ops)}
+        moved = n * k / 2 + n * k / 64 + 4 * n * k / (64 * 256) + 2 * rows * (n + k)
+        for impl in GEMV_IMPLS:
+            timing = time_fn(impls[impl])
+            records.append({"shape": label, "N": n, "K": k, "rows": rows, "impl": impl, "ms": timing.ms,
+                            "gbps": moved / (timing.ms * 1e-3) / 1e9})
+    return records
