@@ -1,0 +1,59 @@
+import helpers  # noqa: F401  (first: sets the Triton interpreter up on a machine without a GPU)
+
+import pytest
+import torch
+
+from helpers import decode_bench
+from helpers.finetune import kernels_step
+from helpers.finetune.data import TokenizedData, standin_texts, train_tokenizer
+from helpers.finetune.models import build_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    model, _ = build_model("tiny", "cpu", vocab_size=128, seed=0)
+    return model.eval()
+
+
+def test_every_rung_of_the_ladder_is_timed_and_checked(model):
+    records = decode_bench.ladder(model, "tiny", bytes_per_step=1e6, bandwidth_gbps=100.0, prompt_len=3,
+                                  new_tokens=3, stock_new_tokens=2, check_len=5, repeats=1, progress=False)
+    assert [r["variant"] for r in records] == list(decode_bench.VARIANTS)
+    assert all(r["tokens_per_s"] > 0 and r["roofline_tokens_per_s"] == pytest.approx(1e5) for r in records)
+    assert records[0]["logits_max_rel_error"] is None  # the stock path is the reference
+    assert all(r["logits_max_rel_error"] < 2e-2 for r in records[1:])
+
+
+def test_a_variant_with_the_course_kernels_uses_them(model, monkeypatch):
+    from helpers.kernels import nf4_gemv, rms_norm
+
+    calls = {"nf4": 0, "norm": 0}
+    gemv, norm = nf4_gemv.nf4_linear, rms_norm.rms_norm
+    monkeypatch.setattr(nf4_gemv, "nf4_linear", lambda *a, **k: calls.__setitem__("nf4", calls["nf4"] + 1) or gemv(*a, **k))
+    monkeypatch.setattr(rms_norm, "rms_norm", lambda *a, **k: calls.__setitem__("norm", calls["norm"] + 1) or norm(*a, **k))
+    decode_bench.decoder(model, "+ fused RMSNorm", 4).step(torch.tensor([5]))
+    layers = model.config.num_hidden_layers
+    assert calls == {"nf4": 7 * layers, "norm": 2 * layers + 1}
+    with pytest.raises(ValueError, match="variant"):
+        decode_bench.decoder(model, "stock generate", 4)
+
+
+def test_gemv_bandwidth_times_three_implementations():
+    records = decode_bench.gemv_bandwidth({"small": (40, 128)})
+    assert [r["impl"] for r in records] == list(decode_bench.GEMV_IMPLS)
+    assert all(r["ms"] > 0 and r["gbps"] > 0 for r in records)
+
+
+def test_training_step_comparison_records_both_variants():
+    texts = standin_texts(40)
+    tok = train_tokenizer(texts, 500)
+    ids = [t[:24] for t in tok(texts, add_special_tokens=False)["input_ids"]]
+    data = TokenizedData(ids, 512, "test", "test", [len(t) for t in texts])
+    device = torch.device("cpu")
+    stock, course = (kernels_step.train("tiny", v, 2, data, device, steps=3, warmup_steps=1)
+                     for v in kernels_step.VARIANTS)
+    assert course["replaced"]["rms_norm_modules"] == 5 and stock["replaced"] == {}
+    assert len(course["losses"]) == 3 and course["losses"] == pytest.approx(stock["losses"], rel=1e-2)
+    assert kernels_step.category("flash_fwd_kernel") == "attention" and kernels_step.category("foo") == "other"
+    with pytest.raises(ValueError, match="variant"):
+        kernels_step.train("tiny", "fast", 2, data, device, steps=3)
