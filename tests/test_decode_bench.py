@@ -50,10 +50,11 @@ def test_training_step_comparison_records_both_variants():
     ids = [t[:24] for t in tok(texts, add_special_tokens=False)["input_ids"]]
     data = TokenizedData(ids, 512, "test", "test", [len(t) for t in texts])
     device = torch.device("cpu")
-    stock, course = (kernels_step.train("tiny", v, 2, data, device, steps=3, warmup_steps=1)
-                     for v in kernels_step.VARIANTS)
-    assert course["replaced"]["rms_norm_modules"] == 5 and stock["replaced"] == {}
-    assert len(course["losses"]) == 3 and course["losses"] == pytest.approx(stock["losses"], rel=1e-2)
+    (stock, stock_losses), (course, course_losses) = (kernels_step.train("tiny", v, 2, data, device, steps=3,
+                                                                          warmup_steps=1) for v in kernels_step.VARIANTS)
+    assert course["replaced"] == "attention: course, rms_norm_modules: 5" and stock["replaced"] == "nothing"
+    assert len(course_losses) == 3 and course_losses == pytest.approx(stock_losses, rel=1e-2)
+    assert course["final_loss"] == course_losses[-1] and course["tokens_per_s"] > 0
     assert kernels_step.category("flash_fwd_kernel") == "attention" and kernels_step.category("foo") == "other"
     with pytest.raises(ValueError, match="variant"):
         kernels_step.train("tiny", "fast", 2, data, device, steps=3)

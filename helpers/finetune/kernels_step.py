@@ -37,8 +37,10 @@ def build(model_name: str, variant: str, data: TokenizedData, device: torch.devi
 
 
 def train(model_name: str, variant: str, batch_size: int, data: TokenizedData, device: torch.device, *,
-          steps: int = 50, warmup_steps: int = 2, max_len: int | None = 1024, seed: int = 0) -> dict:
-    """Train ``steps`` steps (the first ``warmup_steps`` untimed); one record with every step's loss."""
+          steps: int = 50, warmup_steps: int = 2, max_len: int | None = 1024, seed: int = 0
+          ) -> tuple[dict, list[float]]:
+    """Train ``steps`` steps (the first ``warmup_steps`` untimed); a flat record (for ``helpers.results``)
+    and every step's loss."""
     if steps <= warmup_steps:
         raise ValueError(f"steps ({steps}) must be more than warmup_steps ({warmup_steps})")
     model, changed = build(model_name, variant, data, device, seed)
@@ -52,9 +54,10 @@ def train(model_name: str, variant: str, batch_size: int, data: TokenizedData, d
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return {"model": model_name, "variant": variant, "batch_size": batch_size, "steps": steps, "max_len": max_len,
-            "step_s": statistics.median(times), "tokens_per_s": tokens / sum(times), "peak_alloc_gb": peak,
-            "final_loss": losses[-1], "losses": losses, "replaced": changed}
+    replaced = ", ".join(f"{k}: {v}" for k, v in changed.items()) or "nothing"
+    return ({"model": model_name, "variant": variant, "batch_size": batch_size, "steps": steps, "max_len": max_len,
+             "step_s": statistics.median(times), "tokens_per_s": tokens / sum(times), "peak_alloc_gb": peak,
+             "final_loss": losses[-1], "replaced": replaced}, losses)
 
 
 def category(kernel: str) -> str:
