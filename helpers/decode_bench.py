@@ -56,7 +56,7 @@ def time_variant(model: nn.Module, variant: str, prompt: torch.Tensor, new_token
             _sync(device)
             start = time.perf_counter()
             model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
-                           min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+                           min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, use_cache=True)
             _sync(device)
             return time.perf_counter() - start
     else:
