@@ -2,7 +2,6 @@
 
 On the CPU they run in the Triton interpreter (fp32 and fp16, small odd shapes); on a GPU bf16 joins.
 """
-import math
 
 import pytest
 import torch
@@ -17,18 +16,6 @@ DEV = helpers.DEVICE
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if helpers.HAS_CUDA else [])
 # relative error (norm) of a result stored in the dtype, against float64
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-
-
-@pytest.fixture
-def poisoned(monkeypatch):
-    """Every tensor the kernels' host code allocates with empty/empty_like starts as NaN."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def nan(t):
-        return t.fill_(math.nan) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: nan(empty(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: nan(empty_like(*a, **k)))
 
 
 def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:

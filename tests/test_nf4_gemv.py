@@ -19,18 +19,6 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
 
 
-@pytest.fixture
-def poisoned(monkeypatch):
-    """Every float tensor the host code allocates with torch.empty starts as NaN."""
-    empty = torch.empty
-
-    def nan_empty(*a, **k):
-        t = empty(*a, **k)
-        return t.fill_(math.nan) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", nan_empty)
-
-
 def quantize(n, k, nested=True, storage=torch.uint8, blocksize=64, quant_type="nf4", seed=0):
     """An (n, k) fp32 weight quantised by bitsandbytes: (packed, quant_state)."""
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)).to(DEV)

@@ -21,18 +21,6 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2 if helpers
 EPS = 1e-6
 
 
-@pytest.fixture
-def poisoned(monkeypatch):
-    """Every tensor the host code allocates with torch.empty starts as NaN: an unwritten element shows."""
-    empty = torch.empty
-
-    def nan_empty(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        return t.fill_(math.nan) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", nan_empty)
-
-
 def rel_err(a: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = None) -> float:
     """norm(a - ref) / norm(scale), the scale being ref unless given."""
     a = a.detach().to("cpu", torch.float64)
