@@ -119,6 +119,7 @@ class Decoder:
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up outside the graph: lazy initialisation, autotuning, workspaces
                 self._step()
+                self.pos.copy_(start)  # at the same position each time: never past the cache's end
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

@@ -3,16 +3,34 @@
     use_course_kernels(model)   # FlashAttention (notebook 05) and the fused RMSNorm, in place
 
 Attention goes through transformers' attention interface: the model's attention modules call the
-function registered under ``ATTENTION_NAME``. It applies the causal mask only, which is exact for
+function registered under a name. Both functions here apply the causal mask only, which is exact for
 causal language-model training with right padding: a real token never attends to a later position,
 so the pads at the end of a row are never seen by it. A left-padded batch is refused.
+
+After peft's k-bit preparation (fp32 norms, embeddings and lm_head) q, k and v reach attention in
+fp32, and transformers' SDPA then runs fp32 attention. Both functions here compute in bf16 instead,
+as fused attention kernels do in QLoRA recipes, and hand back the caller's dtype: ``sdpa_bf16`` is
+PyTorch's own fused attention that way (the strongest baseline), ``course`` the course's kernel.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-ATTENTION_NAME = "course"  # a name with "flash" in it would send transformers looking for a hub kernel
+COURSE, SDPA_BF16 = "course", "sdpa_bf16"  # a name with "flash" in it would send transformers to the hub
+
+
+def _attention_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float, kwargs: dict):
+    if dropout:
+        raise ValueError(f"causal-only attention here has no dropout; got dropout={dropout} (set attention_dropout=0)")
+    for name in ("softcap", "sliding_window", "s_aux"):
+        if kwargs.get(name) is not None:
+            raise ValueError(f"this attention does not support {name}")
+    dtype = query.dtype
+    if dtype == torch.float32 and query.is_cuda:
+        query, key, value = (t.to(torch.bfloat16) for t in (query, key, value))
+    return query, key, value, dtype
 
 
 def course_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -22,30 +40,41 @@ def course_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     (B, H_kv, S_k, D) in; (B, S, H, D) out, no attention weights."""
     from .kernels.flash_attention import flash_attention
 
-    if dropout:
-        raise ValueError(f"the course's attention has no dropout; got dropout={dropout} (set attention_dropout=0)")
-    for name in ("softcap", "sliding_window", "s_aux"):
-        if kwargs.get(name) is not None:
-            raise ValueError(f"the course's attention does not support {name}")
+    query, key, value, dtype = _attention_inputs(query, key, value, dropout, kwargs)
     out = flash_attention(query, key, value, causal=True, scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
+    return out.to(dtype).transpose(1, 2).contiguous(), None
+
+
+def sdpa_bf16_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                        **kwargs) -> tuple[torch.Tensor, None]:
+    """The same contract through PyTorch's ``scaled_dot_product_attention`` (its flash kernel in bf16)."""
+    query, key, value, dtype = _attention_inputs(query, key, value, dropout, kwargs)
+    out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
+                                         enable_gqa=key.shape[1] != query.shape[1])
+    return out.to(dtype).transpose(1, 2).contiguous(), None
+
+
+ATTENTION = {COURSE: course_attention, SDPA_BF16: sdpa_bf16_attention}
 
 
 def _refuse_left_padding(module: nn.Module, args: tuple, kwargs: dict) -> None:
     mask = kwargs.get("attention_mask")
     if mask is not None and mask.dim() == 2 and bool((mask[:, 1:] > mask[:, :-1]).any()):
-        raise ValueError("the course's attention applies the causal mask only, which is exact for right "
-                         "padding; this batch has padding before real tokens (left padding)")
+        raise ValueError("this attention applies the causal mask only, which is exact for right padding; "
+                         "this batch has padding before real tokens (left padding)")
 
 
-def use_course_attention(model: nn.Module) -> None:
-    """Make every attention layer of ``model`` (a transformers model, peft-wrapped or not) call
-    :func:`course_attention`, and refuse left-padded batches."""
+def use_attention(model: nn.Module, name: str = COURSE) -> None:
+    """Make every attention layer of ``model`` (a transformers model, peft-wrapped or not) call the
+    function ``name`` of ``ATTENTION``, and refuse left-padded batches."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(ATTENTION_NAME, course_attention)
+    if name not in ATTENTION:
+        raise ValueError(f"attention must be one of {list(ATTENTION)}, got {name!r}")
+    AttentionInterface.register(name, ATTENTION[name])
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    base.set_attn_implementation(ATTENTION_NAME)
+    base.set_attn_implementation(name)
     base.register_forward_pre_hook(_refuse_left_padding, with_kwargs=True)
 
 
@@ -67,8 +96,8 @@ def use_course_kernels(model: nn.Module, attention: bool = True, rms_norm: bool 
     """Both swaps (each optional); what was changed."""
     done = {}
     if attention:
-        use_course_attention(model)
-        done["attention"] = ATTENTION_NAME
+        use_attention(model, COURSE)
+        done["attention"] = COURSE
     if rms_norm:
         done["rms_norm_modules"] = use_course_rms_norm(model)
     return done

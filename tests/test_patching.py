@@ -5,7 +5,7 @@ import torch
 
 from helpers.finetune.lora import LoraSettings, attach_lora
 from helpers.finetune.models import ModelSpec, build_random
-from helpers.patching import use_course_attention, use_course_kernels, use_course_rms_norm
+from helpers.patching import use_attention, use_course_kernels, use_course_rms_norm
 
 SPEC = ModelSpec("head64", 128, 192, 2, 2, 1, vocab_size=96)  # head_dim 64, GQA 2:1
 
@@ -48,7 +48,7 @@ def test_course_kernels_train_like_the_stock_model_on_a_right_padded_batch():
 
 def test_left_padding_is_refused():
     model = _model()
-    use_course_attention(model)
+    use_attention(model)
     batch = _batch()
     batch["attention_mask"] = batch["attention_mask"].flip(1)
     with pytest.raises(ValueError, match="left padding"):
@@ -61,3 +61,16 @@ def test_rms_norm_swap_shares_the_weights():
     assert use_course_rms_norm(model) == len(before) == 2 * SPEC.num_hidden_layers + 1
     after = [m.weight for n, m in model.named_modules() if n.endswith("norm")]
     assert all(a is b for a, b in zip(after, before))
+
+
+def test_bf16_sdpa_baseline_trains_like_the_stock_model():
+    batch = _batch()
+    stock_loss, stock_grads = _loss_and_grads(_model(), batch)
+    model = _model()
+    use_attention(model, "sdpa_bf16")
+    loss, grads = _loss_and_grads(model, batch)
+    assert loss == pytest.approx(stock_loss, rel=1e-3)
+    for name, g in grads.items():
+        assert (g - stock_grads[name]).norm() <= 1e-2 * stock_grads[name].norm(), name
+    with pytest.raises(ValueError, match="attention must be one of"):
+        use_attention(model, "flash")

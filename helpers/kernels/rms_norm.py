@@ -61,7 +61,7 @@ def _like_input(v, X):
 
 
 @triton.jit
-def _forward_kernel(X, W, Y, RSTD, M, N, stride_x, eps,
+def _rms_norm_fwd_kernel(X, W, Y, RSTD, M, N, stride_x, eps,
                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, EVEN_N: tl.constexpr):
     """Program p normalises row blocks p, p + P, p + 2P, ... (P programs); rows of X are ``stride_x``
     apart, rows of Y are contiguous."""
@@ -104,7 +104,7 @@ def _forward_kernel(X, W, Y, RSTD, M, N, stride_x, eps,
 
 
 @triton.jit
-def _backward_kernel(X, W, DY, RSTD, DX, PART, M, N, stride_x,
+def _rms_norm_bwd_kernel(X, W, DY, RSTD, DX, PART, M, N, stride_x,
                      BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, EVEN_N: tl.constexpr,
                      HAS_DW: tl.constexpr):
     """Program p walks row blocks p, p + P, ...: writes their dx and, with HAS_DW, its partial column
@@ -247,7 +247,7 @@ def forward(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     m = x2.shape[0]
     cfg = config or forward_config(n, x.dtype)
     rows, programs = _grid(m, cfg, x.device)
-    _forward_kernel[(programs,)](x2, weight, y, rstd, m, n, x2.stride(0), eps,
+    _rms_norm_fwd_kernel[(programs,)](x2, weight, y, rstd, m, n, x2.stride(0), eps,
                                  BLOCK_N=cfg.block_n, ROWS=rows, SINGLE=cfg.block_n >= n, EVEN_N=cfg.block_n == n,
                                  num_warps=cfg.num_warps)
     return y, rstd
@@ -279,7 +279,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torc
     cfg = config or backward_config(n, x.dtype)
     rows, programs = _grid(m, cfg, x.device)
     part = torch.zeros(programs, n, dtype=torch.float32, device=x.device) if weight_grad else dx
-    _backward_kernel[(programs,)](x2, weight, dy.contiguous(), rstd, dx, part, m, n, x2.stride(0),
+    _rms_norm_bwd_kernel[(programs,)](x2, weight, dy.contiguous(), rstd, dx, part, m, n, x2.stride(0),
                                   BLOCK_N=cfg.block_n, ROWS=rows, SINGLE=cfg.block_n >= n,
                                   EVEN_N=cfg.block_n == n, HAS_DW=weight_grad, num_warps=cfg.num_warps)
     if weight_grad:  # the LayerNorm's reduction kernel, its first output only (grid of one along k)
