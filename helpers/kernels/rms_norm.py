@@ -62,7 +62,7 @@ def _like_input(v, X):
 
 @triton.jit
 def _rms_norm_fwd_kernel(X, W, Y, RSTD, M, N, stride_x, eps,
-                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, EVEN_N: tl.constexpr):
+                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, EVEN_N: tl.constexpr):
     """Program p normalises row blocks p, p + P, p + 2P, ... (P programs); rows of X are ``stride_x``
     apart, rows of Y are contiguous."""
     pid = tl.program_id(0)
@@ -104,9 +104,21 @@ def _rms_norm_fwd_kernel(X, W, Y, RSTD, M, N, stride_x, eps,
 
 
 @triton.jit
+def _bwd_chunk(x_row, dy_row, W, start, cols, row_ok, N):
+    """One chunk of columns of a row block in the chunked backward: its columns, masks, x, dy and w (fp32)."""
+    c = start + cols
+    c_ok = c < N
+    mask = row_ok[:, None] & c_ok[None, :]
+    x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(W + c, mask=c_ok, other=0.0).to(tl.float32)
+    return c, c_ok, mask, x, dy, w
+
+
+@triton.jit
 def _rms_norm_bwd_kernel(X, W, DY, RSTD, DX, PART, M, N, stride_x,
-                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, EVEN_N: tl.constexpr,
-                     HAS_DW: tl.constexpr):
+                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, EVEN_N: tl.constexpr,
+                         HAS_DW: tl.constexpr):
     """Program p walks row blocks p, p + P, ...: writes their dx and, with HAS_DW, its partial column
     sums of d(weight) = dy * h.to(x.dtype) into PART[p, :]. DY and DX are contiguous."""
     pid = tl.program_id(0)
@@ -143,21 +155,11 @@ def _rms_norm_bwd_kernel(X, W, DY, RSTD, DX, PART, M, N, stride_x,
             rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
             s = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
             for start in range(0, N, BLOCK_N):
-                c = start + cols
-                c_ok = c < N
-                mask = row_ok[:, None] & c_ok[None, :]
-                x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(dy_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
-                w = tl.load(W + c, mask=c_ok, other=0.0).to(tl.float32)
+                c, c_ok, mask, x, dy, w = _bwd_chunk(x_row, dy_row, W, start, cols, row_ok, N)
                 s += dy * w[None, :] * x
             c1 = tl.sum(s, axis=1) * rstd / N  # mean(g * h), h = x * rstd
             for start in range(0, N, BLOCK_N):
-                c = start + cols
-                c_ok = c < N
-                mask = row_ok[:, None] & c_ok[None, :]
-                x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(dy_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
-                w = tl.load(W + c, mask=c_ok, other=0.0).to(tl.float32)
+                c, c_ok, mask, x, dy, w = _bwd_chunk(x_row, dy_row, W, start, cols, row_ok, N)
                 h = x * rstd[:, None]
                 if HAS_DW:  # this program's own row of PART: no other program touches it
                     dw = tl.sum(dy * _like_input(h, X), axis=0)
