@@ -40,13 +40,18 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 
 def time_fn(fn: Callable[[], object], *, warmup_ms: float = 25.0, rep_ms: float = 100.0,
-            min_reps: int = 5, max_reps: int = 1000, flush_l2: bool = True,
+            min_reps: int = 5, max_reps: int = 1000, flush_l2: bool | str = True,
             device: str | None = None) -> Timing:
     """Time ``fn()``: warm up for ``warmup_ms``, then repeat for about ``rep_ms`` (within
     ``min_reps``..``max_reps`` runs) and return the median. On CUDA each run is bracketed by
     events and preceded by a write of 256 MB that evicts the L2, so every run starts cold;
     on the CPU the same loop uses ``time.perf_counter``.
+
+    ``flush_l2``: True or "write" (the zero-fill above), "read" (evict by reading 256 MB instead, so
+    the L2 holds no dirty lines that the timed call would have to write back), False (no flush).
     """
+    if flush_l2 not in (True, False, "write", "read"):
+        raise ValueError(f"flush_l2 must be True, False, 'write' or 'read', got {flush_l2!r}")
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if not (0 < min_reps <= max_reps):
@@ -65,7 +70,8 @@ def _reps_for(estimate_ms: float, budget_ms: float, lo: int, hi: int) -> int:
 
 
 def _time_cuda(fn, warmup_ms, rep_ms, min_reps, max_reps, flush_l2) -> Timing:
-    flush = torch.empty(_FLUSH_BYTES, dtype=torch.int8, device="cuda") if flush_l2 else None
+    flush = torch.zeros(_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush_l2 else None
+    evict = flush.zero_ if flush_l2 in (True, "write") else (lambda: flush.max()) if flush_l2 else None
     fn()  # compile / autotune / allocate outside the timings
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -81,8 +87,8 @@ def _time_cuda(fn, warmup_ms, rep_ms, min_reps, max_reps, flush_l2) -> Timing:
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for s, e in zip(starts, ends):
-        if flush is not None:
-            flush.zero_()
+        if evict is not None:
+            evict()
         s.record()
         fn()
         e.record()

@@ -62,3 +62,8 @@ def test_matmul_ceiling_record(dtype):
 def test_matmul_ceiling_rejects_unknown_dtype():
     with pytest.raises(ValueError, match="dtype"):
         bench.matmul_tflops("int4")
+
+
+def test_flush_mode_is_checked():
+    with pytest.raises(ValueError, match="flush_l2"):
+        bench.time_fn(lambda: None, flush_l2="erase")
