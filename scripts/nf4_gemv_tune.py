@@ -1,0 +1,61 @@
+"""Measure the fused nf4 kernel's launch shapes on this GPU, to fill ``nf4_gemv._TABLE``.
+
+    python scripts/nf4_gemv_tune.py [--rows 1 16] [--top 3]
+
+For each Llama-2-7B weight shape and each row count, times every ``Config`` of a small grid (block_n,
+block_k, num_warps, split_k) after checking its result against the default config's, and prints the
+fastest few with their GB/s against the measured copy bandwidth, then the default's.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+
+from helpers import bench, require_cuda  # first: on a machine without a GPU it sets the Triton interpreter up
+import bitsandbytes.functional as bnbf  # noqa: E402  (imports Triton)
+from helpers.decode_bench import LLAMA_7B_SHAPES
+from helpers.kernels.nf4_gemv import Config, config_for, nf4_matmul, nf4_operands
+
+GRID = {"block_n": (8, 16, 32, 64), "block_k": (128, 256, 512, 1024), "num_warps": (2, 4, 8), "split_k": (1, 2, 4)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--top", type=int, default=3)
+    args = parser.parse_args()
+    require_cuda("tuning the nf4 kernel")
+    copy = bench.copy_bandwidth()["gbps"]
+    print(f"copy bandwidth {copy:,.0f} GB/s")
+    for label, (n, k) in LLAMA_7B_SHAPES.items():
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        ops = nf4_operands(bnbf.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True))
+        del w
+        moved = n * k / 2 + n * k / 64 + 4 * n * k / (64 * 256)
+        for rows in args.rows:
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+            default = config_for(rows, n, k)
+            expected = nf4_matmul(x, ops, config=default)
+            timed = []
+            for values in itertools.product(*GRID.values()):
+                cfg = Config(*values[:3], split_k=values[3])
+                if (rows > 1 and cfg.block_n < 16) or cfg.block_k > k:
+                    continue
+                out = nf4_matmul(x, ops, config=cfg)
+                if not torch.allclose(out.float(), expected.float(), rtol=2e-2, atol=2e-2 * expected.abs().max().item()):
+                    raise RuntimeError(f"{label}, {rows} rows, {cfg}: result differs from the default config's")
+                ms = bench.time_fn(lambda cfg=cfg: nf4_matmul(x, ops, config=cfg), warmup_ms=5, rep_ms=20).ms
+                timed.append((ms, cfg))
+            timed.sort(key=lambda t: t[0])
+            default_ms = bench.time_fn(lambda: nf4_matmul(x, ops, config=default), warmup_ms=5, rep_ms=20).ms
+            print(f"\n{label}, {rows} row(s):")
+            for ms, cfg in timed[:args.top] + [(default_ms, default)]:
+                tag = "default" if cfg is default else ""
+                print(f"  {ms * 1e3:8.1f} us  {moved / ms / 1e6:7,.0f} GB/s  {100 * moved / ms / 1e6 / copy:4.0f}% of copy  "
+                      f"{cfg} {tag}")
+
+
+if __name__ == "__main__":
+    main()
