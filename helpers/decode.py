@@ -120,12 +120,11 @@ class Decoder:
             for _ in range(2):  # warm-up outside the graph: lazy initialisation, autotuning, workspaces
                 self._step()
                 self.pos.copy_(start)  # at the same position each time: never past the cache's end
+            self.tokens.copy_(tokens)  # a greedy warm-up step replaced the token
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph):  # records one step without running it
             self._step()
-        self.pos.copy_(start)  # the warm-up steps advanced it (the cache beyond it is masked out)
-        self.tokens.copy_(tokens)
         return graph
 
     @torch.no_grad()
