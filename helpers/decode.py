@@ -1,7 +1,7 @@
 """Token-by-token decoding of a Llama model with a static KV cache, optionally replayed as one CUDA graph.
 
     dec = Decoder(model, max_len=640)                     # bitsandbytes' 4-bit matmuls, PyTorch's norms
-    dec = Decoder(model, max_len=640, linear=nf4_linear, norm=rms_norm, graph=True)   # the course's kernels
+    dec = Decoder(model, max_len=640, linear=nf4_linear, norm=rms_norm, rope=rope_cache, graph=True)  # the course's
     dec.prefill(prompt)                                   # (B, T) token ids
     tokens = dec.generate(256)                            # greedy; (B, 256)
 
@@ -23,6 +23,7 @@ from torch import nn
 
 Linear = Callable[[torch.Tensor, nn.Module], torch.Tensor]
 Norm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+Rope = Callable[..., torch.Tensor]  # (q, k, v, cos, sin, pos, k_cache, v_cache) -> rotated q, see torch_rope_cache
 
 
 def module_linear(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
@@ -43,16 +44,29 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
+def torch_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of one step's q (B, 1, H*D) and k, written with v into the caches (B, H_kv, max_len, D)
+    at ``pos``, in PyTorch ops as transformers does it; returns the rotated q, (B, H, 1, D)."""
+    b, d = q.shape[0], k_cache.shape[-1]
+    q, k, v = (t.view(b, 1, -1, d).transpose(1, 2) for t in (q, k, v))
+    c, s = cos.index_select(0, pos), sin.index_select(0, pos)
+    k_cache.index_copy_(2, pos, _rotate(k, c, s))
+    v_cache.index_copy_(2, pos, v)
+    return _rotate(q, c, s)
+
+
 class Decoder:
     """Greedy or teacher-forced decoding of ``model`` for ``batch_size`` sequences of up to ``max_len`` tokens.
 
     ``linear(x, module)`` computes every projection of the decoder layers (default: the module's own
-    forward); ``norm(x, weight, eps)`` every RMSNorm. ``graph=True`` (CUDA only) captures one step as
-    a CUDA graph on first use and replays it for every token.
+    forward); ``norm(x, weight, eps)`` every RMSNorm; ``rope(...)`` the rotary embedding and the cache
+    write (:func:`torch_rope_cache`'s contract). ``graph=True`` (CUDA only) captures one step as a CUDA
+    graph on first use and replays it for every token.
     """
 
     def __init__(self, model: nn.Module, max_len: int, batch_size: int = 1, *, linear: Linear = module_linear,
-                 norm: Norm = torch_rms_norm, graph: bool = False) -> None:
+                 norm: Norm = torch_rms_norm, rope: Rope = torch_rope_cache, graph: bool = False) -> None:
         if max_len < 1 or batch_size < 1:
             raise ValueError(f"max_len and batch_size must be >= 1, got {max_len} and {batch_size}")
         inner = getattr(model, "model", None)
@@ -61,7 +75,7 @@ class Decoder:
         cfg = model.config
         if max_len > cfg.max_position_embeddings:
             raise ValueError(f"max_len {max_len} is beyond the model's {cfg.max_position_embeddings} positions")
-        self.model, self.linear, self.norm = model, linear, norm
+        self.model, self.linear, self.norm, self.rope = model, linear, norm, rope
         self.device = inner.embed_tokens.weight.device
         if graph and self.device.type != "cuda":
             raise ValueError(f"graph=True needs the model on a CUDA device; it is on {self.device}")
@@ -85,13 +99,8 @@ class Decoder:
 
     def _attention(self, layer: nn.Module, i: int, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         attn, b = layer.self_attn, self.batch_size
-        q = self.linear(h, attn.q_proj).view(b, 1, self.heads, self.head_dim).transpose(1, 2)
-        k = self.linear(h, attn.k_proj).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.linear(h, attn.v_proj).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        self.k_cache[i].index_copy_(2, self.pos, k)
-        self.v_cache[i].index_copy_(2, self.pos, v)
+        q, k, v = (self.linear(h, proj) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+        q = self.rope(q, k, v, self.cos, self.sin, self.pos, self.k_cache[i], self.v_cache[i])
         out = F.scaled_dot_product_attention(q, self.k_cache[i], self.v_cache[i], attn_mask=mask,
                                              enable_gqa=self.kv_heads != self.heads)
         return self.linear(out.transpose(1, 2).reshape(b, 1, self.heads * self.head_dim), attn.o_proj)

@@ -13,29 +13,31 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .decode import Decoder, module_linear, torch_rms_norm
+from .decode import Decoder, module_linear, torch_rms_norm, torch_rope_cache
 
-VARIANTS = ("stock generate", "static cache", "static cache + CUDA graph", "+ fused nf4 GEMV", "+ fused RMSNorm")
+VARIANTS = ("stock generate", "static cache", "static cache + CUDA graph", "+ fused nf4 GEMV", "+ fused RMSNorm",
+            "+ fused rotary & KV write")
 
 
-def _kernels(variant: str) -> tuple[Callable, Callable]:
+def _kernels(variant: str) -> dict[str, Callable]:
+    """The Decoder hooks of a rung: each rung keeps the kernels of the one before it."""
     from .kernels.nf4_gemv import nf4_linear
     from .kernels.rms_norm import rms_norm
+    from .kernels.rope_cache import rope_cache
 
-    linear = nf4_linear if variant in VARIANTS[3:] else module_linear
-    norm = rms_norm if variant == VARIANTS[4] else torch_rms_norm
-    return linear, norm
+    rung = VARIANTS.index(variant)
+    return {"linear": nf4_linear if rung >= 3 else module_linear, "norm": rms_norm if rung >= 4 else torch_rms_norm,
+            "rope": rope_cache if rung >= 5 else torch_rope_cache}
 
 
 def decoder(model: nn.Module, variant: str, max_len: int, batch_size: int = 1) -> Decoder:
     """The ``Decoder`` of a ladder step (every step but the stock one)."""
     if variant not in VARIANTS[1:]:
         raise ValueError(f"variant must be one of {VARIANTS[1:]}, got {variant!r}")
-    linear, norm = _kernels(variant)
     graph = variant != "static cache"
     if graph and not torch.cuda.is_available():
         graph = False  # smoke scale on a CPU: the same code without the graph
-    return Decoder(model, max_len, batch_size, linear=linear, norm=norm, graph=graph)
+    return Decoder(model, max_len, batch_size, graph=graph, **_kernels(variant))
 
 
 def _sync(device: torch.device) -> None:

@@ -32,7 +32,7 @@ def test_a_variant_with_the_course_kernels_uses_them(model, monkeypatch):
     gemv, norm = nf4_gemv.nf4_linear, rms_norm.rms_norm
     monkeypatch.setattr(nf4_gemv, "nf4_linear", lambda *a, **k: calls.__setitem__("nf4", calls["nf4"] + 1) or gemv(*a, **k))
     monkeypatch.setattr(rms_norm, "rms_norm", lambda *a, **k: calls.__setitem__("norm", calls["norm"] + 1) or norm(*a, **k))
-    decode_bench.decoder(model, "+ fused RMSNorm", 4).step(torch.tensor([5]))
+    decode_bench.decoder(model, "+ fused rotary & KV write", 4).step(torch.tensor([5]))
     layers = model.config.num_hidden_layers
     assert calls == {"nf4": 7 * layers, "norm": 2 * layers + 1}
     with pytest.raises(ValueError, match="variant"):
