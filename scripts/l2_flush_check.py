@@ -3,7 +3,7 @@
     python scripts/l2_flush_check.py
 
 ``bench.time_fn`` evicts the L2 before every timed run by zero-filling 256 MB, which leaves the L2
-full of dirty lines (up to its size, 60 MB on an H200) that the timed kernel then has to write back
+full of dirty lines (up to its size: 60 MiB as the H200's driver reports it) that the timed kernel then has to write back
 to HBM. A call that moves 268 MB pays for up to 60 MB more; the 2 GiB copy that sets the ceiling
 hardly notices. This times the same calls after a zero-fill flush, after a read-only flush (which
 leaves clean lines) and with no flush, and prints GB/s for each.
@@ -24,7 +24,7 @@ def main() -> None:
     for nbytes in (2**28, 2**30):  # one fused-kernel-sized copy, the ceiling's copy
         src = torch.randn(nbytes // 4, device="cuda")
         dst = torch.empty_like(src)
-        rows.append((f"copy {nbytes >> 20} MiB", 2 * nbytes, lambda: dst.copy_(src)))
+        rows.append((f"copy {nbytes >> 20} MiB", 2 * nbytes, lambda src=src, dst=dst: dst.copy_(src)))
     for dtype, m in ((torch.bfloat16, 16384), (torch.float32, 16384)):
         x = torch.randn(m, 4096, device="cuda", dtype=dtype)
         b, w, lb = (torch.randn(4096, device="cuda", dtype=dtype) for _ in range(3))

@@ -1,10 +1,12 @@
 """Measure the fused nf4 kernel's launch shapes on this GPU, to fill ``nf4_gemv._TABLE``.
 
-    python scripts/nf4_gemv_tune.py [--rows 1 16] [--top 3]
+    python scripts/nf4_gemv_tune.py --rows 1      # then --rows 16 (each a few minutes)
 
 For each Llama-2-7B weight shape and each row count, times every ``Config`` of a small grid (block_n,
 block_k, num_warps, split_k) after checking its result against the default config's, and prints the
-fastest few with their GB/s against the measured copy bandwidth, then the default's.
+fastest few with their GB/s against the measured copy bandwidth, then the default's. Timed after a
+read-only L2 flush (no dirty lines for the kernel to write back; see scripts/l2_flush_check.py).
+Launch shapes that need more shared memory than the GPU has are skipped.
 """
 from __future__ import annotations
 
@@ -15,15 +17,18 @@ import torch
 
 from helpers import bench, require_cuda  # first: on a machine without a GPU it sets the Triton interpreter up
 import bitsandbytes.functional as bnbf  # noqa: E402  (imports Triton)
+import triton  # noqa: E402
 from helpers.decode_bench import LLAMA_7B_SHAPES
 from helpers.kernels.nf4_gemv import Config, config_for, nf4_matmul, nf4_operands
 
-GRID = {"block_n": (8, 16, 32, 64), "block_k": (128, 256, 512, 1024), "num_warps": (2, 4, 8), "split_k": (1, 2, 4)}
+GRID = {1: {"block_n": (8, 16, 32), "block_k": (256, 512, 1024), "num_warps": (2, 4, 8), "split_k": (1, 2, 4)},
+        16: {"block_n": (16, 32, 64), "block_k": (128, 256, 512), "num_warps": (4, 8), "split_k": (1, 2)}}
+TIMING = dict(warmup_ms=5, rep_ms=20, max_reps=200, flush_l2="read")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1], choices=sorted(GRID))
     parser.add_argument("--top", type=int, default=3)
     args = parser.parse_args()
     require_cuda("tuning the nf4 kernel")
@@ -39,17 +44,20 @@ def main() -> None:
             default = config_for(rows, n, k)
             expected = nf4_matmul(x, ops, config=default)
             timed = []
-            for values in itertools.product(*GRID.values()):
+            for values in itertools.product(*GRID[rows].values()):
                 cfg = Config(*values[:3], split_k=values[3])
-                if (rows > 1 and cfg.block_n < 16) or cfg.block_k > k:
+                if cfg.block_k > k:
                     continue
-                out = nf4_matmul(x, ops, config=cfg)
+                try:
+                    out = nf4_matmul(x, ops, config=cfg)
+                except triton.runtime.errors.OutOfResources:  # more shared memory than the GPU has
+                    continue
                 if not torch.allclose(out.float(), expected.float(), rtol=2e-2, atol=2e-2 * expected.abs().max().item()):
                     raise RuntimeError(f"{label}, {rows} rows, {cfg}: result differs from the default config's")
-                ms = bench.time_fn(lambda cfg=cfg: nf4_matmul(x, ops, config=cfg), warmup_ms=5, rep_ms=20).ms
+                ms = bench.time_fn(lambda cfg=cfg: nf4_matmul(x, ops, config=cfg), **TIMING).ms
                 timed.append((ms, cfg))
             timed.sort(key=lambda t: t[0])
-            default_ms = bench.time_fn(lambda: nf4_matmul(x, ops, config=default), warmup_ms=5, rep_ms=20).ms
+            default_ms = bench.time_fn(lambda: nf4_matmul(x, ops, config=default), **TIMING).ms
             print(f"\n{label}, {rows} row(s):")
             for ms, cfg in timed[:args.top] + [(default_ms, default)]:
                 tag = "default" if cfg is default else ""

@@ -50,8 +50,9 @@ def rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Ten
     """One decode step: returns rotated q, (B, H, 1, D), and writes rotated k and v into the caches at ``pos``.
 
     q: (B, 1, H * D); k, v: (B, 1, H_kv * D), the projections' outputs; cos, sin: (max_len, D) tables;
-    pos: a one-element int64 tensor on the device; k_cache, v_cache: (B, H_kv, max_len, D). All
-    contiguous, one dtype for the activations and the caches, one device.
+    pos: a one-element int64 tensor on the device, below max_len (it stays on the device, so it is not
+    checked here: the caller keeps it in range, as ``Decoder`` does); k_cache, v_cache: (B, H_kv,
+    max_len, D). All contiguous, one dtype for the activations and the caches, one device.
     """
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(f"k_cache and v_cache must both be (B, H_kv, max_len, D), got {tuple(k_cache.shape)} "
