@@ -70,7 +70,7 @@ def _reps_for(estimate_ms: float, budget_ms: float, lo: int, hi: int) -> int:
 
 
 def _time_cuda(fn, warmup_ms, rep_ms, min_reps, max_reps, flush_l2) -> Timing:
-    flush = torch.zeros(_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush_l2 else None
+    flush = torch.empty(_FLUSH_BYTES, dtype=torch.int8, device="cuda") if flush_l2 else None
     evict = flush.zero_ if flush_l2 in (True, "write") else (lambda: flush.max()) if flush_l2 else None
     fn()  # compile / autotune / allocate outside the timings
     torch.cuda.synchronize()
