@@ -233,6 +233,13 @@ def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------- host functions
+def _launch(x: torch.Tensor, n: int, cfg: Config) -> tuple[torch.Tensor, int, Config, int, int]:
+    """x as (M, N) rows, M, the config, rows per program and the number of programs."""
+    x2 = _rows(x, n)
+    rows, programs = _grid(x2.shape[0], cfg, x.device)
+    return x2, x2.shape[0], cfg, rows, programs
+
+
 def forward(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
             config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``LlamaRMSNorm`` over the last dimension, with the statistics: returns ``(y, rstd)``, ``y`` of
@@ -245,13 +252,10 @@ def forward(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     if x.numel() == 0:
         return y, rstd
-    x2 = _rows(x, n)
-    m = x2.shape[0]
-    cfg = config or forward_config(n, x.dtype)
-    rows, programs = _grid(m, cfg, x.device)
+    x2, m, cfg, rows, programs = _launch(x, n, config or forward_config(n, x.dtype))
     _rms_norm_fwd_kernel[(programs,)](x2, weight, y, rstd, m, n, x2.stride(0), eps,
-                                 BLOCK_N=cfg.block_n, ROWS=rows, SINGLE=cfg.block_n >= n, EVEN_N=cfg.block_n == n,
-                                 num_warps=cfg.num_warps)
+                                      BLOCK_N=cfg.block_n, ROWS=rows, SINGLE=cfg.block_n >= n,
+                                      EVEN_N=cfg.block_n == n, num_warps=cfg.num_warps)
     return y, rstd
 
 
@@ -276,14 +280,11 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torc
     dweight = torch.zeros(n, dtype=weight.dtype, device=x.device) if weight_grad else None
     if x.numel() == 0:
         return dx, dweight
-    x2 = _rows(x, n)
-    m = x2.shape[0]
-    cfg = config or backward_config(n, x.dtype)
-    rows, programs = _grid(m, cfg, x.device)
+    x2, m, cfg, rows, programs = _launch(x, n, config or backward_config(n, x.dtype))
     part = torch.zeros(programs, n, dtype=torch.float32, device=x.device) if weight_grad else dx
     _rms_norm_bwd_kernel[(programs,)](x2, weight, dy.contiguous(), rstd, dx, part, m, n, x2.stride(0),
-                                  BLOCK_N=cfg.block_n, ROWS=rows, SINGLE=cfg.block_n >= n,
-                                  EVEN_N=cfg.block_n == n, HAS_DW=weight_grad, num_warps=cfg.num_warps)
+                                      BLOCK_N=cfg.block_n, ROWS=rows, SINGLE=cfg.block_n >= n,
+                                      EVEN_N=cfg.block_n == n, HAS_DW=weight_grad, num_warps=cfg.num_warps)
     if weight_grad:  # the LayerNorm's reduction kernel, its first output only (grid of one along k)
         block_c = min(256, triton.next_power_of_2(n))
         _sum_partials_kernel[(triton.cdiv(n, block_c), 1)](part, dweight, dweight, dweight, programs, n,
