@@ -75,32 +75,32 @@ def time_variant(model: nn.Module, variant: str, prompt: torch.Tensor, new_token
     return statistics.median(run() for _ in range(repeats))
 
 
-@torch.no_grad()
-def logits_error(model: nn.Module, variant: str, tokens: torch.Tensor) -> float:
-    """Largest error of a variant's teacher-forced logits over every position of ``tokens`` (B, T),
-    relative to the largest logit at that position of the model's own forward over the whole sequence."""
-    reference = model(tokens).logits.float()
-    ours = decoder(model, variant, tokens.shape[1], tokens.shape[0]).teacher_forced(tokens)
-    scale = reference.abs().amax(-1, keepdim=True)
-    return float(((ours - reference).abs() / scale).max())
+def _relative_error(logits: torch.Tensor, reference: torch.Tensor) -> float:
+    """Largest error over every position, relative to the largest reference logit at that position."""
+    return float(((logits - reference).abs() / reference.abs().amax(-1, keepdim=True)).max())
 
 
 @torch.no_grad()
-def cached_decode_error(model: nn.Module, tokens: torch.Tensor) -> float:
-    """The same measure as :func:`logits_error` for transformers' own token-by-token decoding (its KV
-    cache) against its own full forward: how far apart two correct bf16 computations of the same
-    logits are, the floor that a variant's error is judged against."""
+def logits_error(model: nn.Module, variant: str, tokens: torch.Tensor, reference: torch.Tensor) -> float:
+    """Error of a variant's teacher-forced logits over every position of ``tokens`` (B, T) against
+    ``reference``, the model's own forward over the whole sequence (fp32 logits)."""
+    return _relative_error(decoder(model, variant, tokens.shape[1], tokens.shape[0]).teacher_forced(tokens),
+                           reference)
+
+
+@torch.no_grad()
+def cached_decode_error(model: nn.Module, tokens: torch.Tensor, reference: torch.Tensor) -> float:
+    """The same measure for transformers' own token-by-token decoding (its KV cache): how far apart two
+    correct bf16 computations of the same logits are, the floor that a variant's error is judged against."""
     import inspect
 
-    reference = model(tokens).logits.float()
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # 5.24 / 5.17
     cache, steps = None, []
     for t in range(tokens.shape[1]):
         out = model(tokens[:, t:t + 1], use_cache=True, **({name: cache} if cache is not None else {}))
         cache = out[name]
         steps.append(out.logits[:, -1].float())
-    ours = torch.stack(steps, dim=1)
-    return float(((ours - reference).abs() / reference.abs().amax(-1, keepdim=True)).max())
+    return _relative_error(torch.stack(steps, dim=1), reference)
 
 
 def logits_ok(record: dict, margin: float = 1.5, minimum: float = 2e-2) -> bool:
@@ -133,7 +133,9 @@ def ladder(model: nn.Module, model_name: str, bytes_per_step: float, bandwidth_g
     prompt = torch.randint(3, vocab, (batch_size, prompt_len), generator=gen).to(device)
     check = torch.randint(3, vocab, (batch_size, check_len), generator=gen).to(device)
     roofline = bandwidth_gbps * 1e9 / bytes_per_step * batch_size
-    floor = cached_decode_error(model, check)
+    with torch.no_grad():
+        reference = model(check).logits.float()
+    floor = cached_decode_error(model, check, reference)
     records = []
     for variant in tqdm(variants, desc=f"{model_name} decoding ladder", disable=not progress):
         n = eager_new_tokens if variant in VARIANTS[:2] else new_tokens
@@ -141,7 +143,8 @@ def ladder(model: nn.Module, model_name: str, bytes_per_step: float, bandwidth_g
         records.append({"model": model_name, "variant": variant, "batch_size": batch_size, "new_tokens": n,
                         "prompt_tokens": prompt_len, "seconds": seconds, "tokens_per_s": batch_size * n / seconds,
                         "roofline_tokens_per_s": roofline,
-                        "logits_max_rel_error": None if variant == VARIANTS[0] else logits_error(model, variant, check),
+                        "logits_max_rel_error": None if variant == VARIANTS[0]
+                        else logits_error(model, variant, check, reference),
                         "transformers_decode_error": floor,  # the same check of transformers' own decoding
                         "checked_positions": check_len})  # the stock path is the reference itself
     return records
@@ -150,6 +153,11 @@ def ladder(model: nn.Module, model_name: str, bytes_per_step: float, bandwidth_g
 LLAMA_7B_SHAPES = {"q, k, v, o (4096 x 4096)": (4096, 4096), "gate, up (11008 x 4096)": (11008, 4096),
                    "down (4096 x 11008)": (4096, 11008), "vocabulary-sized (32000 x 4096)": (32000, 4096)}
 GEMV_IMPLS = ("bitsandbytes", "dequantize + matmul", "course")
+
+
+def nf4_gemv_bytes(n: int, k: int, rows: int = 1) -> float:
+    """Bytes ``x @ W^T`` must move for an nf4 ``W`` (N, K), nested scales, and bf16 ``x`` (rows, K) and y."""
+    return n * k / 2 + n * k / 64 + 4 * n * k / (64 * 256) + 2 * rows * (n + k)
 
 
 def gemv_bandwidth(shapes: dict[str, tuple[int, int]], rows: int = 1, seed: int = 0) -> list[dict]:
@@ -176,7 +184,7 @@ def gemv_bandwidth(shapes: dict[str, tuple[int, int]], rows: int = 1, seed: int 
         impls = {"bitsandbytes": lambda: bnb.matmul_4bit(x, packed.t(), quant_state=state),  # Linear4bit's path
                  "dequantize + matmul": lambda: torch.nn.functional.linear(x, bnbf.dequantize_4bit(packed, state)),
                  "course": lambda: nf4_matmul(x, ops)}
-        moved = n * k / 2 + n * k / 64 + 4 * n * k / (64 * 256) + 2 * rows * (n + k)
+        moved = nf4_gemv_bytes(n, k, rows)
         for impl in GEMV_IMPLS:
             timing = time_fn(impls[impl])
             records.append({"shape": label, "N": n, "K": k, "rows": rows, "impl": impl, "ms": timing.ms,

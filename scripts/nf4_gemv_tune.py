@@ -18,7 +18,7 @@ import torch
 from helpers import bench, require_cuda  # first: on a machine without a GPU it sets the Triton interpreter up
 import bitsandbytes.functional as bnbf  # noqa: E402  (imports Triton)
 import triton  # noqa: E402
-from helpers.decode_bench import LLAMA_7B_SHAPES
+from helpers.decode_bench import LLAMA_7B_SHAPES, nf4_gemv_bytes
 from helpers.kernels.nf4_gemv import Config, config_for, nf4_matmul, nf4_operands
 
 GRID = {1: {"block_n": (8, 16, 32), "block_k": (256, 512, 1024), "num_warps": (2, 4, 8), "split_k": (1, 2, 4)},
@@ -38,8 +38,8 @@ def main() -> None:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         ops = nf4_operands(bnbf.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True))
         del w
-        moved = n * k / 2 + n * k / 64 + 4 * n * k / (64 * 256)
         for rows in args.rows:
+            moved = nf4_gemv_bytes(n, k, rows)
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             default = config_for(rows, n, k)
             expected = nf4_matmul(x, ops, config=default)
