@@ -3,9 +3,9 @@
     python scripts/l2_flush_check.py
 
 ``bench.time_fn`` evicts the L2 before every timed run by zero-filling 256 MB, which leaves the L2
-full of dirty lines (up to its size: 60 MiB as the H200's driver reports it) that the timed kernel then has to write back
-to HBM. A call that moves 268 MB pays for up to 60 MB more; the 2 GiB copy that sets the ceiling
-hardly notices. This times the same calls after a zero-fill flush, after a read-only flush (which
+full of dirty lines (up to its size: 60 MiB as the H200's driver reports it) that the timed kernel
+then has to write back to HBM. A call that moves 268 MB pays for up to 60 MB more; the 2 GiB copy
+that sets the ceiling hardly notices. This times the same calls after a zero-fill flush, after a read-only flush (which
 leaves clean lines) and with no flush, and prints GB/s for each.
 """
 from __future__ import annotations

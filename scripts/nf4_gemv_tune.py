@@ -52,7 +52,8 @@ def main() -> None:
                     out = nf4_matmul(x, ops, config=cfg)
                 except triton.runtime.errors.OutOfResources:  # more shared memory than the GPU has
                     continue
-                if not torch.allclose(out.float(), expected.float(), rtol=2e-2, atol=2e-2 * expected.abs().max().item()):
+                tolerance = 2e-2 * expected.abs().max().item()
+                if not torch.allclose(out.float(), expected.float(), rtol=2e-2, atol=tolerance):
                     raise RuntimeError(f"{label}, {rows} rows, {cfg}: result differs from the default config's")
                 ms = bench.time_fn(lambda cfg=cfg: nf4_matmul(x, ops, config=cfg), **TIMING).ms
                 timed.append((ms, cfg))
@@ -61,8 +62,8 @@ def main() -> None:
             print(f"\n{label}, {rows} row(s):")
             for ms, cfg in timed[:args.top] + [(default_ms, default)]:
                 tag = "default" if cfg is default else ""
-                print(f"  {ms * 1e3:8.1f} us  {moved / ms / 1e6:7,.0f} GB/s  {100 * moved / ms / 1e6 / copy:4.0f}% of copy  "
-                      f"{cfg} {tag}")
+                gbps = moved / ms / 1e6
+                print(f"  {ms * 1e3:8.1f} us  {gbps:7,.0f} GB/s  {100 * gbps / copy:4.0f}% of copy  {cfg} {tag}")
 
 
 if __name__ == "__main__":

@@ -126,7 +126,8 @@ def merge(spec: DistSpec, ranks: list[dict], device: torch.device, weights: str)
     record = {"kind": "train", "point": spec.key(), "model": spec.model, "gpus": spec.gpus, "strategy": spec.strategy,
               "cap_gb": spec.cap_gb, "batch_size": spec.batch_size, "global_batch": spec.batch_size * spec.gpus,
               "lora_r": spec.lora_r, "attn": spec.attn, "max_len": spec.max_len, "grad_ckpt": spec.grad_ckpt,
-              "expandable_segments": spec.expandable_segments, "device": device.type, "backend": dist.get_backend(), "weights": weights}
+              "expandable_segments": spec.expandable_segments, "device": device.type,
+              "backend": dist.get_backend(), "weights": weights}
     run = results.provenance()  # per record: a plan resumed over several sessions keeps each run's own
     record.update(git_commit=run["git_commit"], measured_at=run["timestamp"])
     peaks = [r["peak_alloc_gb"] for r in ranks if r.get("peak_alloc_gb") is not None]

@@ -69,7 +69,7 @@ def train(model_name: str, variant: str, batch_size: int, data: TokenizedData, d
     grads = lora_gradients(model, {k: v.to(device) for k, v in batches[0].items()}, seed)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    torch.manual_seed(seed)  # the same LoRA dropout masks for both variants
+    torch.manual_seed(seed)  # the same LoRA dropout masks for every variant
     times, _, losses = timed_steps(model, batches, device, warmup_steps, None)
     tokens = sum(int(b["attention_mask"].sum()) for b in batches[warmup_steps:])
     peak = torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else None
