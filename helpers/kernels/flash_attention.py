@@ -77,14 +77,14 @@ def _fwd_tile_loop(acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_
     return acc, m_i, l_i
 
 
-@triton.autotune(configs=_FWD_CONFIGS, key=["SQ", "SK", "HEAD_DIM", "CAUSAL"])
+@triton.autotune(configs=_FWD_CONFIGS, key=["SQ_BUCKET", "SK_BUCKET", "HEAD_DIM", "CAUSAL"])
 @triton.jit
 def _fwd_kernel(Q, K, V, O, LSE,
                 stride_qb, stride_qh, stride_qm, stride_qd,
                 stride_kb, stride_kh, stride_kn, stride_kd,
                 stride_vb, stride_vh, stride_vn, stride_vd,
                 stride_ob, stride_oh, stride_om, stride_od,
-                H, GROUP, SQ, SK, qk_scale,
+                H, GROUP, SQ, SK, qk_scale, SQ_BUCKET, SK_BUCKET,
                 CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     start_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B*H*S*D may pass 2**31
@@ -141,14 +141,14 @@ def _bwd_delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_od,
     tl.store(DELTA + bh * SQ + offs_m, tl.sum(o * do, 1), mask=offs_m < SQ)
 
 
-@triton.autotune(configs=_BWD_CONFIGS, key=["SQ", "SK", "HEAD_DIM", "CAUSAL"])
+@triton.autotune(configs=_BWD_CONFIGS, key=["SQ_BUCKET", "SK_BUCKET", "HEAD_DIM", "CAUSAL"])
 @triton.jit
 def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                      stride_qb, stride_qh, stride_qm, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
                      stride_db, stride_dh, stride_dm, stride_dd,
-                     H, HKV, GROUP, SQ, SK, qk_scale, sm_scale,
+                     H, HKV, GROUP, SQ, SK, qk_scale, sm_scale, SQ_BUCKET, SK_BUCKET,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One tile of keys of one K/V head: dK and dV summed over every query tile and every query head
     of its group (no atomics, so the result is deterministic)."""
@@ -201,14 +201,14 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
     tl.store(DV + b * stride_vb + hk * stride_vh + out, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
 
 
-@triton.autotune(configs=_BWD_CONFIGS, key=["SQ", "SK", "HEAD_DIM", "CAUSAL"])
+@triton.autotune(configs=_BWD_CONFIGS, key=["SQ_BUCKET", "SK_BUCKET", "HEAD_DIM", "CAUSAL"])
 @triton.jit
 def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                    stride_qb, stride_qh, stride_qm, stride_qd,
                    stride_kb, stride_kh, stride_kn, stride_kd,
                    stride_vb, stride_vh, stride_vn, stride_vd,
                    stride_db, stride_dh, stride_dm, stride_dd,
-                   H, GROUP, SQ, SK, qk_scale, sm_scale,
+                   H, GROUP, SQ, SK, qk_scale, sm_scale, SQ_BUCKET, SK_BUCKET,
                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One tile of queries: dQ over every key tile it attends to."""
     start_m = tl.program_id(0)
@@ -285,6 +285,12 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         raise ValueError("k and v have no keys (S_k == 0): softmax over nothing is undefined")
 
 
+def _buckets(sq: int, sk: int) -> tuple[int, int]:
+    """The sequence lengths the autotuner keys on: the next power of two, so that a training run whose
+    batches are padded to ever new widths tunes once per bucket, not once per width."""
+    return triton.next_power_of_2(sq), triton.next_power_of_2(sk)
+
+
 def _stride4(t: torch.Tensor) -> tuple[int, int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2), t.stride(3)
 
@@ -301,7 +307,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         if o.numel():
             grid = lambda meta: (triton.cdiv(sq, meta["BLOCK_M"]), b * h)  # noqa: E731
             _fwd_kernel[grid](q, k, v, o, lse, *_stride4(q), *_stride4(k), *_stride4(v), *_stride4(o),
-                              h, h // hkv, sq, sk, scale * LOG2E, CAUSAL=causal, HEAD_DIM=d)
+                              h, h // hkv, sq, sk, scale * LOG2E, *_buckets(sq, sk), CAUSAL=causal, HEAD_DIM=d)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale = causal, scale
         return o
@@ -322,10 +328,10 @@ class FlashAttentionFunction(torch.autograd.Function):
         scales = (ctx.scale * LOG2E, ctx.scale)
         _bwd_dkdv_kernel[lambda meta: (triton.cdiv(sk, meta["BLOCK_N"]), b * hkv)](
             q, k, v, do, lse, delta, dk, dv, *_stride4(q), *_stride4(k), *_stride4(v), *_stride4(do),
-            h, hkv, h // hkv, sq, sk, *scales, **common)
+            h, hkv, h // hkv, sq, sk, *scales, *_buckets(sq, sk), **common)
         _bwd_dq_kernel[lambda meta: (triton.cdiv(sq, meta["BLOCK_M"]), b * h)](
             q, k, v, do, lse, delta, dq, *_stride4(q), *_stride4(k), *_stride4(v), *_stride4(do),
-            h, h // hkv, sq, sk, *scales, **common)
+            h, h // hkv, sq, sk, *scales, *_buckets(sq, sk), **common)
         return dq, dk, dv, None, None
 
 
