@@ -85,6 +85,35 @@ def _attention(res: results.Result) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _one_card(res: results.Result) -> list[tuple[str, str, str]]:
+    """Notebook 06's seed setting (eager attention, LoRA r=16, texts cut at 1,024 tokens, checkpointing):
+    the largest batch each model trains at under each cap, and 4-bit generate() at batch 1."""
+    seed = [r for r in res.records if r.get("attn") == "eager" and r.get("lora_r") == 16]
+    train = [r for r in seed if r["kind"] == "train" and r.get("checkpointing") and r.get("max_seq_len") == 1024]
+    rows = []
+    for cap, card in ((40, "A100 40 GB"), (48, "RTX 6000 Ada 48 GB")):
+        parts, notes = [], []
+        for model in ("7b", "13b", "70b"):
+            runs = sorted((r for r in train if r["model"] == model and r.get("cap_gb") == cap),
+                          key=lambda r: r["batch_size"])
+            if not runs:
+                continue
+            ok = [r for r in runs if r["status"] == "ok"]
+            parts.append(f"{model.upper()} to batch {ok[-1]['batch_size']}" if ok else f"{model.upper()} out of memory at batch 1")
+            if model == "70b" and ok:
+                notes.append(f"70B batch 1: {ok[0]['tokens_per_s']:,.0f} tokens/s, {ok[0]['peak_alloc_gb']:.1f} GiB allocated")
+        if parts:
+            rows.append((f"QLoRA on one GPU capped at {cap} GiB ({card} stand-in)", ", ".join(parts),
+                         "; ".join(notes) or "eager attention, r = 16, texts cut at 1,024 tokens"))
+    gen = [r for r in seed if r["kind"] == "generate" and r["status"] == "ok"]
+    speeds = {m: [r["tokens_per_s"] for r in gen if r["model"] == m] for m in ("7b", "13b", "70b")}
+    if all(speeds.values()):
+        rows.append(("4-bit generate() at batch 1, stock transformers + bitsandbytes",
+                     ", ".join(f"{m.upper()} {min(v):.0f}-{max(v):.0f}" for m, v in speeds.items()) + " tokens/s",
+                     "every cap and length (64 to 512 new tokens)"))
+    return rows
+
+
 def _two_gpus(res: results.Result, spec: specs.GpuSpec | None) -> list[tuple[str, str, str]]:
     rows = []
     train = [r for r in res.records if r.get("kind") == "train"]
@@ -169,6 +198,7 @@ def render(gpu: str = "h200") -> str:
                 ("roofline", _load("roofline", gpu), lambda r: _roofline(r, spec), "02"),
                 ("fused_bias_gelu_layernorm", _load("fused_bias_gelu_layernorm", gpu), _fused, "04"),
                 ("flash_attention", _load("flash_attention", gpu), _attention, "05"),
+                ("finetune", _load("finetune", gpu), _one_card, "06"),
                 (f"{gpu}x2/fsdp", _load("fsdp", f"{gpu}x2"), lambda r: _two_gpus(r, spec), "08")]
     lines = [f"Measured on one {ceilings.provenance['gpu']} (notebook 08: two) by the notebooks; every row is read "
              f"from `results/{gpu}/` (`results/{gpu}x2/`) by `scripts/update_readme.py`.", "",
