@@ -171,16 +171,6 @@ def test_never_calls_bitsandbytes_dequantisation(monkeypatch):
     assert rel_err(K.nf4_matmul(x, (packed, state)), ref) < TOL[torch.float32]
 
 
-def test_pair_table_decodes_both_nibbles():
-    code = BF.get_4bit_type("nf4", device=DEV)
-    table = K.pair_table(code)
-    assert table is K.pair_table(code)  # cached per code tensor
-    first = (table & 0xFFFFFFFF).to(torch.int32).view(torch.float32)
-    second = (table >> 32).to(torch.int32).view(torch.float32)
-    b = torch.arange(256, device=DEV)
-    assert torch.equal(first, code[b >> 4]) and torch.equal(second, code[b & 15])
-
-
 def test_config_for():
     for m, n, k in [(1, 4096, 4096), (1, 4096, 11008), (16, 12288, 4096), (64, 32000, 4096), (3, 37, 320)]:
         cfg = K.config_for(m, n, k)

@@ -26,11 +26,13 @@ read as it is (0.5625 byte per weight). ``x`` (M x K) is re-read by each program
 
 Kernel: program ``(i, s)`` owns outputs ``[i * BLOCK_N, (i + 1) * BLOCK_N)`` for all M rows and the
 ``s``-th of ``split_k`` slices of K, walked in chunks of ``BLOCK_K`` (a multiple of ``blocksize``).
-Per chunk it loads a ``[BLOCK_N, BLOCK_K / blocksize, blocksize / 2]`` tile of packed bytes and turns
-every byte into its two fp32 values with ONE load from a 256-entry table (``pair_table``: byte ->
-both nf4 values as one int64, 2 KiB, stays in L1), instead of two 16-entry lookups or a chain of 15
-selects per element. ``x`` is loaded contiguously and split into even and odd elements, which meet
-the high and low nibbles. Then:
+Per chunk it loads a ``[BLOCK_N, BLOCK_K / blocksize, blocksize / 2]`` tile of packed bytes and looks
+both nibbles of every byte up in the 16-entry code table: 64 bytes, one L1 cache line, so the 32
+lookups of a warp are served in one pass. (A 256-entry byte -> value-pair table needs one lookup per
+byte instead of two, but its 2 KiB span 16 lines: a warp's 32 random bytes touch about 14 of them,
+one pass each. Measured on the H200, that version moved 8-14% of the copy bandwidth at M = 1.) A
+chain of 15 selects per element would cost more instructions than the lookup. ``x`` is loaded
+contiguously and split into even and odd elements, which meet the high and low nibbles. Then:
 
 * M = 1: fp32 multiply-adds on the CUDA cores; each 64-element block is summed first and multiplied by
   its scale once (one multiply per block, not per weight).
@@ -54,7 +56,6 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernels are defined
 
@@ -66,9 +67,9 @@ DOT_FP32 = _device.INTERPRET  # the interpreter's tl.dot mishandles bf16 operand
 
 # ----------------------------------------------------------------------------------------- kernels
 @triton.jit
-def _nf4_matmul_kernel(X, W, PAIR, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
-                       M, N, K, stride_xm, nested_blocksize, chunks_per_split,
-                       QB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
+                       M, N, K, stride_xm, chunks_per_split,
+                       QB: tl.constexpr, NESTED_QB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        NESTED: tl.constexpr, HAS_BIAS: tl.constexpr, DOT: tl.constexpr, PARTIAL: tl.constexpr,
                        DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):
     """OUT[m, n] = sum_k X[m, k] * W[n, k] over this program's K slice (see the module docstring)."""
@@ -101,14 +102,14 @@ def _nf4_matmul_kernel(X, W, PAIR, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
         g_ok = g < groups
         byte = tl.load(w_rows + (g * HQB)[None, :, None] + rb[None, None, :],
                        mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
-        pair = tl.load(PAIR + byte.to(tl.int32))  # the byte's two nf4 values: fp32 bits, low and high word
-        w_hi = pair.to(tl.int32).to(tl.float32, bitcast=True)
-        w_lo = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+        byte = byte.to(tl.int32)
+        w_hi = tl.load(CODE + (byte >> 4))   # the nf4 values of both nibbles, from the 16-entry table
+        w_lo = tl.load(CODE + (byte & 15))
         s_mask = n_ok[:, None] & g_ok[None, :]
         s_idx = s_rows + g[None, :]
         if NESTED:
             q = tl.load(ABSMAX + s_idx, mask=s_mask, other=0)
-            scale = tl.load(CODE2 + q.to(tl.int32)) * tl.load(ABSMAX2 + s_idx // nested_blocksize, mask=s_mask,
+            scale = tl.load(CODE2 + q.to(tl.int32)) * tl.load(ABSMAX2 + s_idx // NESTED_QB, mask=s_mask,
                                                               other=0.0)
             scale = scale + offset
         else:
@@ -185,10 +186,10 @@ class Config:
                              f"{self.num_stages}")
 
 
-# Starting points, not yet measured on the H200 (to be tuned there):
-# rows of the padded M -> (block_n, block_k, num_warps). M = 1: 16 rows of W x 256 bytes per step
-# (4 KiB in flight per program per stage); the tensor-core path takes 32-wide output tiles.
-_TABLE = {1: (16, 512, 4), 16: (32, 256, 4), 32: (32, 256, 4), 64: (32, 128, 8)}
+# rows of the padded M -> (block_n, block_k, num_warps). 1 and 16: the fastest on every Llama-2-7B
+# shape in scripts/nf4_gemv_tune.py's grid on the H200, measured with the 256-entry pair table
+# (see the module docstring) and to be re-measured for the 16-entry lookup; 32 and 64: not measured.
+_TABLE = {1: (32, 256, 8), 16: (64, 128, 4), 32: (32, 256, 4), 64: (32, 128, 8)}
 
 
 def _block_m(m: int) -> int:
@@ -210,8 +211,7 @@ def config_for(m: int, n: int, k: int, blocksize: int = 64) -> Config:
 
 # ------------------------------------------------------------------------------------ operands
 class NF4Operands(NamedTuple):
-    """What the kernel reads for one weight: views of bitsandbytes' tensors (no copies) and the
-    byte -> value-pair table. ``absmax`` is one fp32 per block, or, for nested statistics, one uint8
+    """What the kernel reads for one weight: views of bitsandbytes' tensors (no copies). ``absmax`` is one fp32 per block, or, for nested statistics, one uint8
     per block (then ``nested_absmax``, ``nested_code`` and ``offset`` are set, else None)."""
 
     packed: torch.Tensor           # uint8, N * K / 2 bytes, row-major, high nibble first
@@ -219,26 +219,11 @@ class NF4Operands(NamedTuple):
     nested_absmax: torch.Tensor | None  # fp32, one per ``nested_blocksize`` blocks
     nested_code: torch.Tensor | None    # fp32, 256 entries
     offset: torch.Tensor | None         # fp32, one element
-    pair_table: torch.Tensor       # int64, 256 entries
+    code: torch.Tensor             # fp32, the 16 nf4 values
     n: int
     k: int
     blocksize: int
     nested_blocksize: int
-
-
-_PAIR_TABLES = WeakIdKeyDictionary()  # code tensor -> its pair table (one per weight, 2 KiB each)
-
-
-def pair_table(code: torch.Tensor) -> torch.Tensor:
-    """256 int64 entries: entry ``b`` holds the fp32 bits of ``code[b >> 4]`` (the first element of
-    the byte) in its low word and of ``code[b & 15]`` in its high word."""
-    table = _PAIR_TABLES.get(code)
-    if table is None:
-        bits = code.to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-        b = torch.arange(256, device=code.device)
-        table = bits[b >> 4] | (bits[b & 15] << 32)
-        _PAIR_TABLES[code] = table
-    return table
 
 
 def _weight_parts(weight) -> tuple[torch.Tensor, object]:
@@ -256,8 +241,7 @@ def _weight_parts(weight) -> tuple[torch.Tensor, object]:
 def nf4_operands(weight) -> NF4Operands:
     """Check a bitsandbytes nf4 weight (``Params4bit`` or ``(packed, quant_state)``) and return the
     tensors the kernel reads. Raises ValueError/TypeError naming what the kernel cannot take.
-    :func:`nf4_matmul` accepts the result: prepare each weight once (and before capturing a CUDA
-    graph, since the first call per weight builds its pair table)."""
+    :func:`nf4_matmul` accepts the result: prepare each weight once (the checks cost host time)."""
     packed, qs = _weight_parts(weight)
     if qs.quant_type != "nf4":
         raise ValueError(f"only nf4 weights are supported, got quant_type={qs.quant_type!r}")
@@ -301,7 +285,7 @@ def nf4_operands(weight) -> NF4Operands:
     devices = {t.device for t in parts}
     if len(devices) > 1:
         raise ValueError(f"the weight's tensors are on several devices: {sorted(map(str, devices))}")
-    return NF4Operands(packed, absmax, *nested, pair_table(code), n, k, bs, nested_bs)
+    return NF4Operands(packed, absmax, *nested, code.to(torch.float32).contiguous(), n, k, bs, nested_bs)
 
 
 # -------------------------------------------------------------------------------- host functions
@@ -365,11 +349,11 @@ def nf4_matmul(x: torch.Tensor, weight, bias: torch.Tensor | None = None, config
     target = out if split == 1 else torch.empty(split, m, ops.n, dtype=torch.float32, device=x.device)
     nested = ops.nested_absmax is not None
     _nf4_matmul_kernel[(triton.cdiv(ops.n, cfg.block_n), split)](
-        x2, ops.packed, ops.pair_table, ops.absmax,
+        x2, ops.packed, ops.code, ops.absmax,
         ops.nested_absmax if nested else ops.absmax, ops.nested_code if nested else ops.absmax,
         ops.offset if nested else ops.absmax, bias if bias is not None else x2, target,
-        m, ops.n, ops.k, x2.stride(0), ops.nested_blocksize, per_split,
-        QB=ops.blocksize, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NESTED=nested,
+        m, ops.n, ops.k, x2.stride(0), per_split,
+        QB=ops.blocksize, NESTED_QB=ops.nested_blocksize, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NESTED=nested,
         HAS_BIAS=bias is not None, DOT=block_m > 1, PARTIAL=split > 1, DOT_FP32=DOT_FP32,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32 x: full-precision products
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
