@@ -21,7 +21,7 @@ import triton  # noqa: E402
 from helpers.decode_bench import LLAMA_7B_SHAPES, nf4_gemv_bytes
 from helpers.kernels.nf4_gemv import Config, config_for, nf4_matmul, nf4_operands
 
-GRID = {1: {"block_n": (8, 16, 32), "block_k": (256, 512, 1024), "num_warps": (2, 4, 8), "split_k": (1, 2, 4)},
+GRID = {1: {"block_n": (8, 16, 32), "block_k": (256, 512, 1024), "num_warps": (2, 4, 8), "split_k": (1, 2, 4, 8)},
         16: {"block_n": (16, 32, 64), "block_k": (128, 256, 512), "num_warps": (4, 8), "split_k": (1, 2)}}
 TIMING = dict(warmup_ms=5, rep_ms=20, max_reps=200, flush_l2="read")
 
