@@ -63,3 +63,19 @@ def test_training_step_comparison_records_both_variants():
     assert kernels_step.category("_rms_norm_fwd_kernel") == "RMSNorm"
     with pytest.raises(ValueError, match="variant"):
         kernels_step.train("tiny", "fast", 2, data, device, steps=3)
+
+
+def test_warm_up_runs_one_batch_per_tuning_bucket_and_multiple_of_16():
+    texts = standin_texts(8)
+    data = TokenizedData([[5] * 8] * 8, 128, "test", "test", [len(t) for t in texts])
+    model, _ = kernels_step.build("tiny", "course", data, torch.device("cpu"))
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    def batch(width: int) -> dict:
+        ids = torch.randint(3, 128, (2, width))
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+
+    # widths 20 and 24 share a class (bucket 32, not a multiple of 16); 32 and 40 open two more
+    assert kernels_step.warm_up(model, [batch(w) for w in (20, 24, 32, 40)], torch.device("cpu")) == 3
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if p.requires_grad)

@@ -14,6 +14,7 @@ import statistics
 import torch
 
 from ..bench import profile_kernels
+from ..kernels.flash_attention import tuning_bucket
 from ..patching import SDPA_BF16, use_attention, use_course_kernels
 from .data import TokenizedData, make_batches
 from .lora import LoraSettings, attach_lora, check_checkpointing
@@ -56,6 +57,21 @@ def lora_gradients(model: torch.nn.Module, batch: dict, seed: int = 0) -> torch.
     return torch.cat(grads)
 
 
+def warm_up(model: torch.nn.Module, batches: list[dict], device: torch.device) -> int:
+    """One forward + backward (no update) on a batch of each shape class among ``batches``: the padded
+    width's autotuning bucket and whether it is a multiple of 16 (Triton compiles the two apart), so
+    that autotuning and compiling stay out of timed steps. Every variant gets the same warm-up.
+    Returns the number of batches run."""
+    shapes: dict[tuple[int, bool], dict] = {}
+    for batch in batches:
+        width = batch["input_ids"].shape[1]
+        shapes.setdefault((tuning_bucket(width), width % 16 == 0), batch)
+    for batch in shapes.values():
+        model(**{k: v.to(device) for k, v in batch.items()}).loss.backward()
+    model.zero_grad(set_to_none=True)
+    return len(shapes)
+
+
 def train(model_name: str, variant: str, batch_size: int, data: TokenizedData, device: torch.device, *,
           steps: int = 50, warmup_steps: int = 2, max_len: int | None = 1024, seed: int = 0
           ) -> tuple[dict, list[float], torch.Tensor]:
@@ -67,6 +83,7 @@ def train(model_name: str, variant: str, batch_size: int, data: TokenizedData, d
     batches = make_batches(data.token_ids, batch_size, steps, max_len, seed=seed)
     checkpointing = check_checkpointing(model, batches[0]["input_ids"][:1, :16].to(device))
     grads = lora_gradients(model, {k: v.to(device) for k, v in batches[0].items()}, seed)
+    warm_up(model, batches[warmup_steps:], device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     torch.manual_seed(seed)  # the same LoRA dropout masks for every variant

@@ -285,10 +285,14 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         raise ValueError("k and v have no keys (S_k == 0): softmax over nothing is undefined")
 
 
-def _buckets(sq: int, sk: int) -> tuple[int, int]:
-    """The sequence lengths the autotuner keys on: the next power of two, so that a training run whose
+def tuning_bucket(length: int) -> int:
+    """The sequence length the autotuner keys on: the next power of two, so that a training run whose
     batches are padded to ever new widths tunes once per bucket, not once per width."""
-    return triton.next_power_of_2(sq), triton.next_power_of_2(sk)
+    return triton.next_power_of_2(length)
+
+
+def _buckets(sq: int, sk: int) -> tuple[int, int]:
+    return tuning_bucket(sq), tuning_bucket(sk)
 
 
 def _stride4(t: torch.Tensor) -> tuple[int, int, int, int]:
