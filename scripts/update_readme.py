@@ -99,9 +99,11 @@ def _one_card(res: results.Result) -> list[tuple[str, str, str]]:
             if not runs:
                 continue
             ok = [r for r in runs if r["status"] == "ok"]
-            parts.append(f"{model.upper()} to batch {ok[-1]['batch_size']}" if ok else f"{model.upper()} out of memory at batch 1")
+            parts.append(f"{model.upper()} to batch {ok[-1]['batch_size']}" if ok
+                         else f"{model.upper()} out of memory at batch {runs[0]['batch_size']}")
             if model == "70b" and ok:
-                notes.append(f"70B batch 1: {ok[0]['tokens_per_s']:,.0f} tokens/s, {ok[0]['peak_alloc_gb']:.1f} GiB allocated")
+                notes.append(f"70B batch {ok[0]['batch_size']}: {ok[0]['tokens_per_s']:,.0f} tokens/s, "
+                             f"{ok[0]['peak_alloc_gb']:.1f} GiB allocated")
         if parts:
             rows.append((f"QLoRA on one GPU capped at {cap} GiB ({card} stand-in)", ", ".join(parts),
                          "; ".join(notes) or "eager attention, r = 16, texts cut at 1,024 tokens"))

@@ -69,7 +69,8 @@ DOT_FP32 = _device.INTERPRET  # the interpreter's tl.dot mishandles bf16 operand
 @triton.jit
 def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
                        M, N, K, stride_xm, chunks_per_split,
-                       QB: tl.constexpr, NESTED_QB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       QB: tl.constexpr, NESTED_QB: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        NESTED: tl.constexpr, HAS_BIAS: tl.constexpr, DOT: tl.constexpr, PARTIAL: tl.constexpr,
                        DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):
     """OUT[m, n] = sum_k X[m, k] * W[n, k] over this program's K slice (see the module docstring)."""
@@ -214,8 +215,9 @@ def config_for(m: int, n: int, k: int, blocksize: int = 64) -> Config:
 
 # ------------------------------------------------------------------------------------ operands
 class NF4Operands(NamedTuple):
-    """What the kernel reads for one weight: views of bitsandbytes' tensors (no copies). ``absmax`` is one fp32 per block, or, for nested statistics, one uint8
-    per block (then ``nested_absmax``, ``nested_code`` and ``offset`` are set, else None)."""
+    """What the kernel reads for one weight: views of bitsandbytes' tensors (no copies). ``absmax``
+    is one fp32 per block, or, for nested statistics, one uint8 per block (then ``nested_absmax``,
+    ``nested_code`` and ``offset`` are set, else None)."""
 
     packed: torch.Tensor           # uint8, N * K / 2 bytes, row-major, high nibble first
     absmax: torch.Tensor
@@ -356,7 +358,8 @@ def nf4_matmul(x: torch.Tensor, weight, bias: torch.Tensor | None = None, config
         ops.nested_absmax if nested else ops.absmax, ops.nested_code if nested else ops.absmax,
         ops.offset if nested else ops.absmax, bias if bias is not None else x2, target,
         m, ops.n, ops.k, x2.stride(0), per_split,
-        QB=ops.blocksize, NESTED_QB=ops.nested_blocksize, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NESTED=nested,
+        QB=ops.blocksize, NESTED_QB=ops.nested_blocksize, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        NESTED=nested,
         HAS_BIAS=bias is not None, DOT=block_m > 1, PARTIAL=split > 1, DOT_FP32=DOT_FP32,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32 x: full-precision products
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
