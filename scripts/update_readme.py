@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from helpers import memory, results, roofline, specs
+from helpers.finetune import analysis
 
 README = results.REPO_ROOT / "README.md"
 START, END = "<!-- results-table -->", "<!-- /results-table -->"
@@ -88,14 +89,12 @@ def _attention(res: results.Result) -> list[tuple[str, str, str]]:
 def _one_card(res: results.Result) -> list[tuple[str, str, str]]:
     """Notebook 06's seed setting (eager attention, LoRA r=16, texts cut at 1,024 tokens, checkpointing):
     the largest batch each model trains at under each cap, and 4-bit generate() at batch 1."""
-    seed = [r for r in res.records if r.get("attn") == "eager" and r.get("lora_r") == 16]
-    train = [r for r in seed if r["kind"] == "train" and r.get("checkpointing") and r.get("max_seq_len") == 1024]
+    seed = {"attn": "eager", "lora_r": 16, "checkpointing": True, "max_seq_len": 1024}
     rows = []
     for cap, card in ((40, "A100 40 GB"), (48, "RTX 6000 Ada 48 GB")):
         parts, notes = [], []
         for model in ("7b", "13b", "70b"):
-            runs = sorted((r for r in train if r["model"] == model and r.get("cap_gb") == cap),
-                          key=lambda r: r["batch_size"])
+            runs = analysis.train_runs(res.records, model, cap, **seed)
             if not runs:
                 continue
             ok = [r for r in runs if r["status"] == "ok"]
@@ -107,7 +106,8 @@ def _one_card(res: results.Result) -> list[tuple[str, str, str]]:
         if parts:
             rows.append((f"QLoRA on one GPU capped at {cap} GiB ({card} stand-in)", ", ".join(parts),
                          "; ".join(notes) or "eager attention, r = 16, texts cut at 1,024 tokens"))
-    gen = [r for r in seed if r["kind"] == "generate" and r["status"] == "ok"]
+    gen = [r for r in res.records if r["kind"] == "generate" and r["status"] == "ok"
+           and r.get("attn") == seed["attn"] and r.get("lora_r") == seed["lora_r"]]
     speeds = {m: [r["tokens_per_s"] for r in gen if r["model"] == m] for m in ("7b", "13b", "70b")}
     if all(speeds.values()):
         rows.append(("4-bit generate() at batch 1, stock transformers + bitsandbytes",

@@ -112,20 +112,20 @@ def project_decode(fit: dict, record: dict, card: GpuSpec, reference: GpuSpec, c
     return 1.0 / (fit["bytes_factor"] * f[0] + overhead)
 
 
+def train_runs(records: list[dict], model: str, cap, **fields) -> list[dict]:
+    """The training records of ``model`` under ``cap`` whose other ``fields`` match, by batch size."""
+    return sorted((r for r in records if r.get("kind") == "train" and r["model"] == model and r.get("cap_gb") == cap
+                   and all(r.get(k) == v for k, v in fields.items())), key=lambda r: r["batch_size"])
+
+
 def first_oom(records: list[dict], model: str, cap, **fields) -> int | None:
     """The smallest batch size that ran out of memory for ``model`` under ``cap`` (None: none did)."""
-    sizes = [r["batch_size"] for r in records if r.get("kind") == "train" and r["model"] == model
-             and r.get("cap_gb") == cap and r["status"] == "oom" and all(r.get(k) == v for k, v in fields.items())]
-    return min(sizes) if sizes else None
+    return next((r["batch_size"] for r in train_runs(records, model, cap, **fields) if r["status"] == "oom"), None)
 
 
 def status(records: list[dict], model: str, batch: int, cap, **fields) -> str | None:
     """"ok", "oom" or None (not measured) for one training point."""
-    for r in records:
-        if (r.get("kind") == "train" and r["model"] == model and r["batch_size"] == batch and r.get("cap_gb") == cap
-                and all(r.get(k) == v for k, v in fields.items())):
-            return r["status"]
-    return None
+    return next((r["status"] for r in train_runs(records, model, cap, **fields) if r["batch_size"] == batch), None)
 
 
 def seed_table(records: list[dict], model: str, caps, **fields) -> pd.DataFrame:

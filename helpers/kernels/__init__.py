@@ -13,3 +13,11 @@ def source(kernel) -> str:
             raise TypeError(f"{kernel!r} is not a Triton kernel or a function")
         fn = fn.fn
     return _inspect.getsource(fn)
+
+
+def check_powers_of_two(config, *names: str) -> None:
+    """Raise ValueError naming the first of ``config``'s fields ``names`` that is not a power of two."""
+    for name in names:
+        value = getattr(config, name)
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"{type(config).__name__}.{name} must be a power of two, got {value}")

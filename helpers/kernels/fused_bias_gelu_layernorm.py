@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernels are defined
+from . import check_powers_of_two
 
 GELU_MODES = {"none": 0, "erf": 1, "erf_fast": 2, "tanh": 3}
 AUTO_GELU = {torch.float32: "erf", torch.float16: "erf_fast", torch.bfloat16: "erf_fast"}
@@ -348,10 +349,7 @@ class Config:
     programs_per_sm: int = 1
 
     def __post_init__(self):
-        for name in ("block_n", "rows", "num_warps"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"Config.{name} must be a power of two, got {value}")
+        check_powers_of_two(self, "block_n", "rows", "num_warps")
         if self.programs_per_sm < 1:
             raise ValueError(f"Config.programs_per_sm must be >= 1, got {self.programs_per_sm}")
 

@@ -58,6 +58,7 @@ import triton
 import triton.language as tl
 
 from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernels are defined
+from . import check_powers_of_two
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_M = 64  # rows of x one launch handles (the tensor-core path pads M to 16, 32 or 64)
@@ -179,10 +180,7 @@ class Config:
     num_stages: int = 1
 
     def __post_init__(self):
-        for name in ("block_n", "block_k", "num_warps"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"Config.{name} must be a power of two, got {value}")
+        check_powers_of_two(self, "block_n", "block_k", "num_warps")
         if self.block_k < 32:
             raise ValueError(f"Config.block_k must be >= 32 (the smallest blocksize), got {self.block_k}")
         if self.split_k < 1 or self.num_stages < 1:
