@@ -91,7 +91,8 @@ def standin_texts(n: int = N_TEXTS, seed: int = 0) -> list[str]:
         while len(answer) < room:  # long answers continue with the next docstrings
             j += 1
             answer += " " + pool[j % len(pool)][1]
-        texts.append(_chat(question, answer[:room].rstrip() or "Yes."))
+        cut = answer[:room].rstrip()  # a cut that ends in spaces is padded back to the target length
+        texts.append(_chat(question, cut + "." * (room - len(cut))))
     return texts
 
 
