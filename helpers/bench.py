@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -24,7 +24,7 @@ class Timing:
     ms_p20: float
     ms_p80: float
     reps: int
-    timer: str  # "cuda-events" or "perf_counter"
+    timer: str  # "cuda-events", "cuda-graph" or "perf_counter"
 
     def gbps(self, nbytes: float) -> float:
         """Bandwidth in GB/s (1e9 bytes/s) if the call moves ``nbytes``."""
@@ -113,6 +113,45 @@ def _time_cpu(fn, warmup_ms, rep_ms, min_reps, max_reps) -> Timing:
 def _summary(times_ms: list[float], timer: str) -> Timing:
     ordered = sorted(times_ms)
     return Timing(statistics.median(ordered), _quantile(ordered, 0.2), _quantile(ordered, 0.8), len(ordered), timer)
+
+
+def time_in_graph(calls: Sequence[Callable[[], object]], reps: int = 20) -> Timing:
+    """Time a stream of calls as a decoder runs them: captured once, in order, into one CUDA graph
+    (no launch gaps from the CPU), the graph replayed ``reps`` times; ms per call, median over replays.
+    Give calls on distinct data larger than L2 together (e.g. one per copy of a weight), so each
+    call starts cold as it would in a model. On the CPU the calls run eagerly under ``time_fn``.
+    """
+    calls = list(calls)
+    if not calls or not all(callable(c) for c in calls):
+        raise ValueError("calls must be a non-empty sequence of callables")
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
+
+    def run_all() -> None:
+        for c in calls:
+            c()
+
+    if not HAS_CUDA:
+        t = time_fn(run_all, warmup_ms=0, rep_ms=1, min_reps=reps, max_reps=reps)
+        return Timing(t.ms / len(calls), t.ms_p20 / len(calls), t.ms_p80 / len(calls), t.reps, t.timer)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (compilation, allocations) on a side stream, as capture requires
+        run_all()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run_all()
+    graph.replay()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / len(calls))
+    return _summary(times, "cuda-graph")
 
 
 def copy_bandwidth(nbytes: int | None = None) -> dict:

@@ -160,33 +160,50 @@ def nf4_gemv_bytes(n: int, k: int, rows: int = 1) -> float:
     return n * k / 2 + n * k / 64 + 4 * n * k / (64 * 256) + 2 * rows * (n + k)
 
 
+def nf4_weights(n: int, k: int, min_bytes: float = 150e6, seed: int = 0) -> list[tuple]:
+    """Random (N, K) weights quantised by bitsandbytes (nf4, nested scales), as many distinct copies as
+    it takes to hold ``min_bytes`` (three H200 L2 caches by default): timed one after the other, each
+    call reads its weight from HBM, as in a model."""
+    import bitsandbytes.functional as bnbf
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=device).manual_seed(seed)
+    copies = max(2, -int(-min_bytes // nf4_gemv_bytes(n, k))) if device == "cuda" else 1
+    weights = []
+    for _ in range(copies):
+        w = torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * 0.02
+        weights.append(bnbf.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True))
+    return weights
+
+
 def gemv_bandwidth(shapes: dict[str, tuple[int, int]], rows: int = 1, seed: int = 0) -> list[dict]:
     """Time ``x @ W^T`` for an nf4 ``W`` (N, K) and bf16 ``x`` (rows, K) three ways: bitsandbytes'
     ``matmul_4bit`` (what ``Linear4bit`` runs at inference: its fused 4-bit kernel), bitsandbytes'
     dequantisation then a bf16 matmul (what training runs), and the course's fused kernel.
-    ``gbps`` counts the bytes the fused kernel must move (packed codes, nested scales, x, y), so it is
-    comparable with the copy bandwidth whatever the implementation does."""
+    Timed as a decoder runs them (``bench.time_in_graph``: one CUDA graph over copies of the weight that
+    together exceed the L2 cache). ``gbps`` counts the bytes the fused kernel must move (packed codes,
+    nested scales, x, y), so it is comparable with the copy bandwidth whatever the implementation does."""
     import bitsandbytes as bnb
     import bitsandbytes.functional as bnbf
 
-    from .bench import time_fn
+    from .bench import time_in_graph
     from .kernels.nf4_gemv import nf4_matmul, nf4_operands
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator(device=device).manual_seed(seed)
     records = []
     for label, (n, k) in shapes.items():
-        w = torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * 0.02
-        packed, state = bnbf.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True)
-        del w
+        weights = nf4_weights(n, k, seed=seed)
+        ops = [nf4_operands(w) for w in weights]
         x = torch.randn(rows, k, device=device, dtype=torch.bfloat16, generator=gen)
-        ops = nf4_operands((packed, state))
-        impls = {"bitsandbytes": lambda: bnb.matmul_4bit(x, packed.t(), quant_state=state),  # Linear4bit's path
-                 "dequantize + matmul": lambda: torch.nn.functional.linear(x, bnbf.dequantize_4bit(packed, state)),
-                 "course": lambda: nf4_matmul(x, ops)}
+        impls = {"bitsandbytes": [lambda w=w: bnb.matmul_4bit(x, w[0].t(), quant_state=w[1]) for w in weights],
+                 "dequantize + matmul": [lambda w=w: torch.nn.functional.linear(x, bnbf.dequantize_4bit(*w))
+                                         for w in weights],
+                 "course": [lambda o=o: nf4_matmul(x, o) for o in ops]}
         moved = nf4_gemv_bytes(n, k, rows)
         for impl in GEMV_IMPLS:
-            timing = time_fn(impls[impl])
+            timing = time_in_graph(impls[impl])
             records.append({"shape": label, "N": n, "K": k, "rows": rows, "impl": impl, "ms": timing.ms,
-                            "gbps": moved / (timing.ms * 1e-3) / 1e9})
+                            "gbps": moved / (timing.ms * 1e-3) / 1e9, "copies": len(weights)})
+        del weights, ops
     return records

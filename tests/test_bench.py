@@ -67,3 +67,31 @@ def test_matmul_ceiling_rejects_unknown_dtype():
 def test_flush_mode_is_checked():
     with pytest.raises(ValueError, match="flush_l2"):
         bench.time_fn(lambda: None, flush_l2="erase")
+
+
+@pytest.mark.skipif(bench.HAS_CUDA, reason="the CPU path; the GPU path is the test below")
+def test_time_in_graph_runs_every_call_and_times_per_call():
+    counts = [0, 0, 0]
+
+    def call(i):
+        def run():
+            counts[i] += 1
+            time.sleep(0.002)
+        return run
+
+    t = bench.time_in_graph([call(i) for i in range(3)], reps=4)
+    assert counts[0] == counts[1] == counts[2] >= 4
+    assert 1.5 < t.ms < 20  # per call, not per stream of three
+    with pytest.raises(ValueError, match="non-empty"):
+        bench.time_in_graph([])
+    with pytest.raises(ValueError, match="reps"):
+        bench.time_in_graph([call(0)], reps=0)
+
+
+@pytest.mark.skipif(not bench.HAS_CUDA, reason="CUDA graphs need a GPU")
+def test_time_in_graph_times_device_work_per_call():
+    src = [torch.randn(2**26, device="cuda") for _ in range(3)]  # 256 MB each: past any L2
+    dst = [torch.empty_like(s) for s in src]
+    t = bench.time_in_graph([lambda d=d, s=s: d.copy_(s) for d, s in zip(dst, src)], reps=5)
+    gbps = t.gbps(2 * src[0].numel() * 4)
+    assert t.timer == "cuda-graph" and 200 < gbps < 10_000  # a copy's bandwidth, per call

@@ -4,6 +4,7 @@ On the CPU the kernel runs in the Triton interpreter, whose fp32 -> bf16 convers
 instead of rounding to nearest: the bf16 tolerance allows for it.
 """
 import math
+import struct
 
 import pytest
 import torch
@@ -11,6 +12,8 @@ import torch
 import helpers  # first: sets TRITON_INTERPRET before bitsandbytes imports Triton
 import bitsandbytes as bnb
 import bitsandbytes.functional as BF
+import triton
+import triton.language as tl
 from helpers.kernels import nf4_gemv as K
 
 DEV = helpers.DEVICE
@@ -147,6 +150,126 @@ def test_refuses_weight_repacked_for_the_cpu_kernel():
         K.nf4_linear(torch.randn(1, 128, device=DEV), module)
 
 
+# ------------------------------------------------------------------ the GPU's table lookup (PTX)
+def _bits16(dtype):
+    """The 16 nf4 values of bitsandbytes rounded to ``dtype``: their 16-bit patterns."""
+    return (BF.get_4bit_type("nf4", device="cpu").float().to(dtype).view(torch.int16).int() & 0xFFFF).tolist()
+
+
+def byte_planes(dtype):
+    """What ``_plane`` should build: low bytes of entries 0-3, 4-7, 8-11, 12-15, then the high bytes."""
+    bits = _bits16(dtype)
+    return [sum(((bits[4 * i + j] >> shift) & 0xFF) << (8 * j) for j in range(4)) for shift in (0, 8) for i in range(4)]
+
+
+@triton.jit
+def _planes_kernel(CODE, OUT, DTYPE: tl.constexpr):
+    for i in tl.static_range(4):
+        tl.store(OUT + i, K._plane(CODE, 4 * i, 0, DTYPE))
+        tl.store(OUT + 4 + i, K._plane(CODE, 4 * i, 1, DTYPE))
+
+
+@pytest.mark.parametrize("dtype,tl_dtype", [(torch.bfloat16, tl.bfloat16), (torch.float16, tl.float16)])
+def test_kernel_builds_the_byte_planes(dtype, tl_dtype):
+    code = BF.get_4bit_type("nf4", device=DEV).float()
+    out = torch.zeros(8, dtype=torch.int32, device=DEV)
+    _planes_kernel[(1,)](code, out, DTYPE=tl_dtype)
+    assert [v & 0xFFFFFFFF for v in out.tolist()] == byte_planes(dtype)
+
+
+def _prmt(a: int, b: int, sel: int) -> int:
+    """PTX ``prmt.b32`` (default mode): byte i of the result is byte (nibble i of sel) of {b, a}."""
+    source = (b << 32) | a
+    out = 0
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 0xF
+        byte = (source >> (8 * (nib & 7))) & 0xFF
+        if nib & 8:  # sign mode: the selected byte's top bit, replicated
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << (8 * i)
+    return out
+
+
+def _f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
+
+
+def _bits32(value: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+def _f16(bits: int) -> float:
+    return struct.unpack("<e", struct.pack("<H", bits & 0xFFFF))[0]
+
+
+def run_ptx(ptx: str, inputs: dict[str, int]) -> dict[str, int]:
+    """Execute ``_dequant_ptx`` / ``_dot_ptx`` on 32-bit register values (``inputs``: operand -> bits).
+    The multiplies by the scale are skipped (a scale of 1); fp32 arithmetic in float64, then rounded."""
+    reg = dict(inputs)
+
+    def val(x: str) -> int:
+        return reg[x] if x in reg else _bits32(0.0) if x == "0f00000000" else int(x, 0)
+
+    for line in ptx.splitlines():
+        op, _, args = line.strip().rstrip(";").partition(" ")
+        a = [t.strip() for t in args.replace("{", "").replace("}", "").split(",")]
+        if op == "and.b32":
+            reg[a[0]] = val(a[1]) & val(a[2])
+        elif op == "shr.b32":
+            reg[a[0]] = val(a[1]) >> val(a[2])
+        elif op == "shl.b32":
+            reg[a[0]] = (val(a[1]) << val(a[2])) & 0xFFFFFFFF
+        elif op == "prmt.b32":
+            reg[a[0]] = _prmt(val(a[1]), val(a[2]), val(a[3]))
+        elif op == "lop3.b32":
+            assert a[4] == "0xd8"  # (a & ~c) | (b & c)
+            reg[a[0]] = (val(a[1]) & ~val(a[3]) | val(a[2]) & val(a[3])) & 0xFFFFFFFF
+        elif op == "mov.b32" and len(a) == 3:  # split a register into two 16-bit halves
+            reg[a[0]], reg[a[1]] = val(a[2]) & 0xFFFF, val(a[2]) >> 16
+        elif op == "mov.f32":
+            reg[a[0]] = val(a[1])
+        elif op == "cvt.f32.f16":
+            reg[a[0]] = _bits32(_f16(val(a[1])))
+        elif op == "fma.rn.f32":
+            reg[a[0]] = _bits32(_f32(val(a[1])) * _f32(val(a[2])) + _f32(val(a[3])))
+    return reg
+
+
+def _storage_codes(word: int) -> list[int]:
+    codes = []
+    for byte in word.to_bytes(4, "little"):
+        codes += [byte >> 4, byte & 15]  # element 2j: the high nibble of byte j
+    return codes
+
+
+WORDS = torch.randint(0, 2**32, (300,), generator=torch.Generator().manual_seed(0)).tolist()
+WORDS += [0x76543210, 0xFEDCBA98, 0, 0xFFFFFFFF]  # every code in every position
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dequant_ptx_looks_up_every_code_in_storage_order(dtype):
+    bits, ptx = _bits16(dtype), K._dequant_ptx(dtype)
+    planes = {f"${10 + i}": p for i, p in enumerate(byte_planes(dtype))}
+    for word in WORDS:
+        out = run_ptx(ptx, {"$8": word, **planes})
+        assert [out[f"${i}"] for i in range(8)] == [bits[c] for c in _storage_codes(word)]
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_dot_ptx_sums_the_products_of_a_word(x_dtype):
+    table = [_f16(b) for b in _bits16(torch.float16)]
+    planes = {f"${6 + i}": p for i, p in enumerate(byte_planes(torch.float16))}
+    ptx = K._dot_ptx(x_dtype)
+    gen = torch.Generator().manual_seed(1)
+    for word in WORDS[:100]:
+        x = torch.randn(8, generator=gen).to(x_dtype)
+        pairs = (x.view(torch.int16).int() & 0xFFFF).tolist()
+        xin = {f"${2 + j}": pairs[2 * j] | pairs[2 * j + 1] << 16 for j in range(4)}
+        out = _f32(run_ptx(ptx, {"$1": word, **xin, **planes})["$0"])
+        expect = sum(table[c] * float(v) for c, v in zip(_storage_codes(word), x.double()))
+        assert out == pytest.approx(expect, rel=1e-5, abs=1e-6)
+
+
 # ------------------------------------------------------------------------ what the kernel reads
 @pytest.mark.parametrize("storage", [torch.uint8, torch.bfloat16])
 def test_operands_are_the_packed_bytes_and_the_uint8_absmax(storage):
@@ -225,5 +348,5 @@ def test_bad_input_is_a_clear_error():
         K.nf4_matmul(randn(1, 96), quantize(4, 96))
     with pytest.raises(ValueError, match="multiple of the weight's blocksize"):
         K.nf4_matmul(x, w, config=K.Config(16, 32, 4))
-    with pytest.raises(ValueError, match="block_n >= 16"):
-        K.nf4_matmul(randn(2, 64), w, config=K.Config(8, 64, 4))
+    with pytest.raises(ValueError, match="block_n must be >= 16"):
+        K.Config(8, 64, 4)

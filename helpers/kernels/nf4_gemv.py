@@ -26,19 +26,23 @@ read as it is (0.5625 byte per weight). ``x`` (M x K) is re-read by each program
 
 Kernel: program ``(i, s)`` owns outputs ``[i * BLOCK_N, (i + 1) * BLOCK_N)`` for all M rows and the
 ``s``-th of ``split_k`` slices of K, walked in chunks of ``BLOCK_K`` (a multiple of ``blocksize``).
-Per chunk it loads a ``[BLOCK_N, BLOCK_K / blocksize, blocksize / 2]`` tile of packed bytes and looks
-both nibbles of every byte up in the 16-entry code table: 64 bytes, one L1 cache line, so the 32
-lookups of a warp are served in one pass. (A 256-entry byte -> value-pair table needs one lookup per
-byte instead of two, but its 2 KiB span 16 lines: a warp's 32 random bytes touch about 14 of them,
-one pass each. Measured on the H200, that version moved 8-14% of the copy bandwidth at M = 1.) A
-chain of 15 selects per element would cost more instructions than the lookup. ``x`` is loaded
-contiguously and split into even and odd elements, which meet the high and low nibbles. Then:
+Per chunk it loads a ``[BLOCK_N, BLOCK_K / blocksize, blocksize / 8]`` tile of 32-bit words, eight
+codes each, and the tile's scales. The instruction budget is tight: at the H200's 4.8 TB/s an SM must
+retire a weight in about 4 instructions. A table lookup through memory costs about 5 per weight
+(extract the nibble, form a 64-bit address, load), and measured 8-18% of the copy bandwidth. So on
+the GPU the codes are decoded in registers by a few lines of PTX (``_lookup_ptx``): ``prmt`` selects
+bytes by 4-bit indices, which makes it a table lookup for four codes at once, 25 instructions for the
+eight weights of a word (the 16-entry table rides along in eight registers as byte planes). Then:
 
-* M = 1: fp32 multiply-adds on the CUDA cores; each 64-element block is summed first and multiplied by
-  its scale once (one multiply per block, not per weight).
-* 1 < M <= ``MAX_M``: the scaled weights are rounded to x's dtype (what dequantise + matmul does too)
-  and fed to ``tl.dot`` (tensor cores; M is padded to 16, 32 or 64 rows) with fp32 accumulation:
-  at 16 rows a CUDA-core loop would need ~300 TFLOP/s of fp32 to keep up with HBM.
+* M = 1: fp32 multiply-adds on the CUDA cores, still inside the PTX (``_dot_ptx``: the table in fp16,
+  x read as pairs, one fp32 sum per word); each block's sum is multiplied by its scale once.
+* 1 < M <= ``MAX_M``: the weights times their scale in x's dtype (``_dequant_ptx``: one packed multiply
+  per pair; the table rounded to x's dtype, so a weight may differ from ``dequantize_4bit``'s by one
+  rounding) fed to ``tl.dot`` (tensor cores; M padded to 16, 32 or 64 rows), fp32 accumulation: at
+  16 rows a CUDA-core loop would need ~300 TFLOP/s of fp32 to keep up with HBM.
+
+In the Triton interpreter (no PTX) and for fp32 x the same arithmetic runs as a lookup per weight
+(with the PTX's roundings for 16-bit x; the exact fp32 table for fp32 x).
 
 With ``split_k > 1`` each slice writes fp32 partial sums and a second small kernel adds them in a
 fixed order (deterministic), adds the bias and casts. Results are always accumulated in fp32.
@@ -67,46 +71,203 @@ DOT_FP32 = _device.INTERPRET  # the interpreter's tl.dot mishandles bf16 operand
 
 
 # ----------------------------------------------------------------------------------------- kernels
+def _lookup_ptx(sel: str, planes: list[str]) -> str:
+    """PTX: the table values of the four 4-bit codes in the low 16 bits of register ``sel``, as 16-bit
+    patterns split in two registers, ``lo`` (their low bytes) and ``hi`` (their high bytes). Output byte
+    i holds the value of nibble i: for a little-endian word of codes, elements 1, 0, 3, 2.
+
+    ``prmt`` picks one byte of 8 by each nibble's low 3 bits, so the bytes of entries 0-7 and of
+    entries 8-15 are looked up separately and merged by each nibble's bit 3 (a byte mask made by one more
+    ``prmt``; ``lop3`` 0xd8 is ``(a & ~m) | (b & m)``). ``planes``: the table as eight byte planes
+    (see ``_plane``)."""
+    return f"""
+ and.b32 s, {sel}, 0x7777;
+ shr.b32 m, {sel}, 1;
+ and.b32 m, m, 0x4444;
+ prmt.b32 m, 0, 0xffffffff, m;
+ prmt.b32 a, {planes[0]}, {planes[1]}, s;
+ prmt.b32 b, {planes[2]}, {planes[3]}, s;
+ lop3.b32 lo, a, b, m, 0xd8;
+ prmt.b32 a, {planes[4]}, {planes[5]}, s;
+ prmt.b32 b, {planes[6]}, {planes[7]}, s;
+ lop3.b32 hi, a, b, m, 0xd8;"""
+
+
+# prmt selectors that pair the looked-up bytes into two 16-bit values in storage order
+_PAIRS = ("0x4051", "0x6273")  # elements (0, 1) and (2, 3) of the four
+
+
+def _dequant_ptx(dtype: torch.dtype) -> str:
+    """PTX for one 32-bit word of packed codes (``$8``) and its block's scale (``$9``, fp32): its eight
+    weights in ``dtype`` (fp16 or bf16), ``$0`` ... ``$7`` in storage order (element 2j is the high nibble
+    of byte j); ``$10`` ... ``$17``: the table in ``dtype`` (byte planes). One packed multiply by the
+    scale per pair of weights."""
+    kind = {torch.bfloat16: "bf16x2", torch.float16: "f16x2"}[dtype]
+    planes = [f"${i}" for i in range(10, 18)]
+    body = ""
+    for half, sel in enumerate(("$8", "w")):
+        body += _lookup_ptx(sel, planes)
+        for j, pair in enumerate(_PAIRS):
+            o = 4 * half + 2 * j
+            body += f"\n prmt.b32 p, lo, hi, {pair};\n mul.rn.{kind} p, p, sc;\n mov.b32 {{${o}, ${o + 1}}}, p;"
+        if half == 0:
+            body += "\n shr.b32 w, $8, 16;"
+    return "{\n .reg .b32 s, m, a, b, lo, hi, p, w, sc;\n cvt.rn." + kind + ".f32 sc, $9, $9;" + body + "\n}"
+
+
+def _dot_ptx(x_dtype: torch.dtype) -> str:
+    """PTX for the one-row path: ``$0`` (fp32) = the sum of the eight products of one word of codes
+    (``$1``) and the eight x values of its columns (``$2`` ... ``$5``: pairs, ``x_dtype`` fp16 or bf16),
+    in fp32 multiply-adds, in storage order; ``$6`` ... ``$13``: the table in fp16 (byte planes)."""
+    planes = [f"${i}" for i in range(6, 14)]
+    if x_dtype == torch.bfloat16:  # bf16 -> fp32: the 16 bits moved up
+        widen_x = " shl.b32 xa, {x}, 16;\n and.b32 xb, {x}, 0xffff0000;"
+    else:
+        widen_x = " mov.b32 {{h0, h1}}, {x};\n cvt.f32.f16 xa, h0;\n cvt.f32.f16 xb, h1;"
+    body = ""
+    for half, sel in enumerate(("$1", "w")):
+        body += _lookup_ptx(sel, planes)
+        for j, pair in enumerate(_PAIRS):
+            body += (f"\n prmt.b32 p, lo, hi, {pair};\n mov.b32 {{h0, h1}}, p;\n cvt.f32.f16 wa, h0;"
+                     f"\n cvt.f32.f16 wb, h1;\n" + widen_x.format(x=f"${2 + 2 * half + j}")
+                     + "\n fma.rn.f32 acc, wa, xa, acc;\n fma.rn.f32 acc, wb, xb, acc;")
+        if half == 0:
+            body += "\n shr.b32 w, $1, 16;"
+    return ("{\n .reg .b32 s, m, a, b, lo, hi, p, w;\n .reg .b16 h0, h1;\n .reg .f32 wa, wb, xa, xb, acc;"
+            "\n mov.f32 acc, 0f00000000;" + body + "\n mov.f32 $0, acc;\n}")
+
+
+_PTX_BF16 = tl.constexpr(_dequant_ptx(torch.bfloat16))
+_PTX_FP16 = tl.constexpr(_dequant_ptx(torch.float16))
+_DOT_BF16 = tl.constexpr(_dot_ptx(torch.bfloat16))
+_DOT_FP16 = tl.constexpr(_dot_ptx(torch.float16))
+
+
+@triton.jit
+def _round_to_bf16(v):
+    """fp32 -> the nearest bf16 value (ties to even), as fp32: integer arithmetic, so the interpreter
+    (whose bf16 conversion truncates) rounds as the GPU does. For finite values."""
+    bits = v.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _plane(CODE, FIRST: tl.constexpr, HIGH: tl.constexpr, DTYPE: tl.constexpr):
+    """One byte plane of the table for the PTX: the low (HIGH=0) or high byte of entries FIRST ... FIRST+3,
+    rounded to DTYPE, in bytes 0 ... 3 of an int32 (kept in a register through the loop)."""
+    word = 0
+    for j in tl.static_range(4):
+        v = tl.load(CODE + FIRST + j)
+        if DTYPE == tl.bfloat16:
+            bits = _round_to_bf16(v).to(tl.int32, bitcast=True) >> 16
+        else:
+            bits = v.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+        word = word | (((bits >> (8 * HIGH)) & 0xFF) << (8 * j))
+    return word
+
+
+@triton.jit
+def _join8(v0, v1, v2, v3, v4, v5, v6, v7):
+    """[..., 2, 2, 2] with element 4c + 2d + e = v_(4c + 2d + e): the eight values of a word in order."""
+    return tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)), tl.join(tl.join(v1, v5), tl.join(v3, v7)))
+
+
+@triton.jit
+def _codes(word):
+    """The 4-bit codes of ``word`` (int32), as [..., 2, 2, 2] in storage order (see ``_join8``)."""
+    return _join8((word >> 4) & 15, word & 15, (word >> 12) & 15, (word >> 8) & 15,
+                  (word >> 20) & 15, (word >> 16) & 15, (word >> 28) & 15, (word >> 24) & 15)
+
+
+@triton.jit
+def _dequant_words(word, scale, CODE, planes, DTYPE: tl.constexpr, ASM: tl.constexpr):
+    """The weights of ``word`` ([BLOCK_N, G, WPB] int32 words of packed codes) times ``scale`` (fp32,
+    same shape), in DTYPE, as [..., 2, 2, 2] (see ``_join8``). ASM: the PTX above (fp16, bf16 on a GPU)
+    with ``planes`` (the eight ``_plane`` words in DTYPE); else a 16-entry table lookup per weight with
+    the same roundings (the interpreter, and fp32 results)."""
+    if ASM:
+        p0, p1, p2, p3, p4, p5, p6, p7 = planes
+        args = [word, scale, p0, p1, p2, p3, p4, p5, p6, p7]
+        if DTYPE == tl.bfloat16:
+            v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
+                _PTX_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,f" + ",r" * 8, args, dtype=(tl.int16,) * 8, is_pure=True, pack=1)
+        else:
+            v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
+                _PTX_FP16, "=h,=h,=h,=h,=h,=h,=h,=h,r,f" + ",r" * 8, args, dtype=(tl.int16,) * 8, is_pure=True, pack=1)
+        w = _join8(v0, v1, v2, v3, v4, v5, v6, v7).to(DTYPE, bitcast=True)
+    else:
+        value = tl.load(CODE + _codes(word))
+        s = scale[:, :, :, None, None, None]
+        if DTYPE == tl.bfloat16:  # the PTX's roundings: table and scale to DTYPE, then the product
+            w = _round_to_bf16(_round_to_bf16(value) * _round_to_bf16(s))
+        elif DTYPE == tl.float16:
+            w = value.to(tl.float16).to(tl.float32) * s.to(tl.float16).to(tl.float32)
+        else:
+            w = value * s
+        w = w.to(DTYPE)  # exact for 16-bit DTYPE: w is already representable
+    return w
+
+
+@triton.jit
+def _dot_words(word, x0, x1, x2, x3, planes, DTYPE: tl.constexpr):
+    """Per word of codes ([BLOCK_N, G, WPB] int32), through ``_dot_ptx``: the fp32 sum of its eight table
+    values times x (``x0`` ... ``x3``: int32 pairs of x's 16-bit values in DTYPE, [1, G, WPB]), unscaled."""
+    p0, p1, p2, p3, p4, p5, p6, p7 = planes
+    args = [word, x0, x1, x2, x3, p0, p1, p2, p3, p4, p5, p6, p7]
+    if DTYPE == tl.bfloat16:
+        out = tl.inline_asm_elementwise(_DOT_BF16, "=f,r,r,r,r,r" + ",r" * 8, args, dtype=tl.float32,
+                                        is_pure=True, pack=1)
+    else:
+        out = tl.inline_asm_elementwise(_DOT_FP16, "=f,r,r,r,r,r" + ",r" * 8, args, dtype=tl.float32,
+                                        is_pure=True, pack=1)
+    return out
+
+
 @triton.jit
 def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
                        M, N, K, stride_xm, chunks_per_split,
                        QB: tl.constexpr, NESTED_QB: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       NESTED: tl.constexpr, HAS_BIAS: tl.constexpr, DOT: tl.constexpr, PARTIAL: tl.constexpr,
-                       DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):
+                       NESTED: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
+                       ASM: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
     """OUT[m, n] = sum_k X[m, k] * W[n, k] over this program's K slice (see the module docstring)."""
     G: tl.constexpr = BLOCK_K // QB    # quantisation blocks per chunk
-    HQB: tl.constexpr = QB // 2        # bytes per quantisation block
+    WPB: tl.constexpr = QB // 8        # 32-bit words of codes per quantisation block
+    DTYPE: tl.constexpr = X.dtype.element_ty
+    PLANES: tl.constexpr = tl.float16 if BLOCK_M == 1 else DTYPE  # the table's format in the PTX
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
     rg = tl.arange(0, G)
-    rb = tl.arange(0, HQB)
+    rw = tl.arange(0, WPB)
+    rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
     m_ok = rm < M
     groups = K // QB                   # quantisation blocks per row of W
-    w_rows = W + rn.to(tl.int64)[:, None, None] * (K // 2)
-    s_rows = rn.to(tl.int64)[:, None] * groups
-    x_rows = X + rm.to(tl.int64)[:, None, None, None] * stride_xm
-    # element offsets of one chunk of x, [G, HQB, 2]: the last axis is (high nibble, low nibble)
-    x_cols = (rg * QB)[:, None, None] + (2 * rb)[None, :, None] + tl.arange(0, 2)[None, None, :]
+    w_rows = W + rn.to(tl.int64)[:, None, None] * (K // 8)
+    s_rows = rn[:, None] * groups      # block index of each row's start (the host checks N * K / QB < 2**31)
+    x_rows = X + rm.to(tl.int64)[:, None] * stride_xm
     if NESTED:
         offset = tl.load(OFFSET)
-    if DOT:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    planes = (_plane(CODE, 0, 0, PLANES), _plane(CODE, 4, 0, PLANES), _plane(CODE, 8, 0, PLANES),
+              _plane(CODE, 12, 0, PLANES), _plane(CODE, 0, 1, PLANES), _plane(CODE, 4, 1, PLANES),
+              _plane(CODE, 8, 1, PLANES), _plane(CODE, 12, 1, PLANES))
+    r2 = tl.arange(0, 2)
+    # one row of x in the order of _join8's values: [G, WPB, 2, 2, 2] -> element 4c + 2d + e of a word
+    x_cols = ((rg * QB)[:, None, None, None, None] + (rw * 8)[None, :, None, None, None]
+              + (4 * r2)[None, None, :, None, None] + (2 * r2)[None, None, None, :, None] + r2[None, None, None, None, :])
+    xp_cols = ((rg * (QB // 2))[:, None, None] + (rw * 4)[None, :, None] + tl.arange(0, 4)[None, None, :])
+    acc_row = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     first = pid_k * chunks_per_split
     last = tl.minimum(first + chunks_per_split, tl.cdiv(K, BLOCK_K))
-    for c in range(first, last):
+    for c in tl.range(first, last, num_stages=STAGES):
         g = c * G + rg                 # block index along the row, [G]
         g_ok = g < groups
-        byte = tl.load(w_rows + (g * HQB)[None, :, None] + rb[None, None, :],
-                       mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
-        byte = byte.to(tl.int32)
-        w_hi = tl.load(CODE + (byte >> 4))   # the nf4 values of both nibbles, from the 16-entry table
-        w_lo = tl.load(CODE + (byte & 15))
+        word = tl.load(w_rows + (g * WPB)[None, :, None] + rw[None, None, :],
+                       mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)   # [BLOCK_N, G, WPB]
         s_mask = n_ok[:, None] & g_ok[None, :]
         s_idx = s_rows + g[None, :]
         if NESTED:
@@ -116,37 +277,40 @@ def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
             scale = scale + offset
         else:
             scale = tl.load(ABSMAX + s_idx, mask=s_mask, other=0.0).to(tl.float32)
-        xv = tl.load(x_rows + (c * BLOCK_K + x_cols)[None, :, :, :],
-                     mask=m_ok[:, None, None, None] & g_ok[None, :, None, None], other=0.0)
-        x_hi, x_lo = tl.split(xv)      # [BLOCK_M, G, HQB] each
-        if DOT:
-            a_hi = tl.reshape(w_hi * scale[:, :, None], [BLOCK_N, BLOCK_K // 2]).to(X.dtype.element_ty)
-            a_lo = tl.reshape(w_lo * scale[:, :, None], [BLOCK_N, BLOCK_K // 2]).to(X.dtype.element_ty)
-            x_hi = tl.reshape(x_hi, [BLOCK_M, BLOCK_K // 2])
-            x_lo = tl.reshape(x_lo, [BLOCK_M, BLOCK_K // 2])
+        if BLOCK_M == 1:  # CUDA cores: fp32 multiply-adds, each block summed, then scaled once
+            if ASM:  # x as int32 pairs of 16-bit values, four per word of codes
+                xp = tl.load(X.to(tl.pointer_type(tl.int32)) + (c * BLOCK_K) // 2 + xp_cols,
+                             mask=g_ok[:, None, None], other=0)
+                even, odd = tl.split(tl.reshape(xp, [G, WPB, 2, 2]))
+                x0, x2 = tl.split(even)
+                x1, x3 = tl.split(odd)
+                per_word = _dot_words(word, x0[None, :, :], x1[None, :, :], x2[None, :, :], x3[None, :, :], planes,
+                                      DTYPE)
+            else:  # a lookup per weight; the table rounded to fp16 for 16-bit x, as the PTX has it
+                value = tl.load(CODE + _codes(word))
+                if DTYPE != tl.float32:
+                    value = value.to(tl.float16).to(tl.float32)
+                xv = tl.load(X + c * BLOCK_K + x_cols, mask=g_ok[:, None, None, None, None], other=0.0)
+                per_word = tl.sum(tl.sum(tl.sum(value * xv.to(tl.float32)[None, :, :, :, :, :], axis=5), axis=4),
+                                  axis=3)
+            acc_row += tl.sum(tl.sum(per_word, axis=2) * scale, axis=1)
+        else:  # tensor cores: the scaled weights in x's dtype, M padded to BLOCK_M rows
+            w = _dequant_words(word, tl.broadcast_to(scale[:, :, None], [BLOCK_N, G, WPB]), CODE, planes, DTYPE, ASM)
+            w = tl.reshape(w, [BLOCK_N, BLOCK_K])
+            xv = tl.load(x_rows + (c * BLOCK_K + rk)[None, :],
+                         mask=m_ok[:, None] & (c * BLOCK_K + rk < K)[None, :], other=0.0)
             if DOT_FP32:  # same products (16-bit values are exact in fp32), for the interpreter's tl.dot
-                a_hi, a_lo = a_hi.to(tl.float32), a_lo.to(tl.float32)
-                x_hi, x_lo = x_hi.to(tl.float32), x_lo.to(tl.float32)
-            acc = tl.dot(x_hi, tl.trans(a_hi), acc, input_precision=PRECISION)
-            acc = tl.dot(x_lo, tl.trans(a_lo), acc, input_precision=PRECISION)
-        else:
-            block_sums = tl.sum(w_hi * x_hi.to(tl.float32) + w_lo * x_lo.to(tl.float32), axis=2)  # [BLOCK_N, G]
-            acc += tl.sum(block_sums * scale, axis=1)
-    if DOT:
-        out_offs = rm[:, None] * N + rn[None, :]
-        out_mask = m_ok[:, None] & n_ok[None, :]
-        bias_offs = rn[None, :]
-        bias_mask = n_ok[None, :]
-    else:
-        out_offs = rn
-        out_mask = n_ok
-        bias_offs = rn
-        bias_mask = n_ok
+                w, xv = w.to(tl.float32), xv.to(tl.float32)
+            acc = tl.dot(xv, tl.trans(w), acc, input_precision=PRECISION)
+    if BLOCK_M == 1:
+        acc = acc_row[None, :]
+    out_offs = rm[:, None] * N + rn[None, :]
+    out_mask = m_ok[:, None] & n_ok[None, :]
     if PARTIAL:
         tl.store(OUT + pid_k.to(tl.int64) * M * N + out_offs, acc, mask=out_mask)
     else:
         if HAS_BIAS:
-            acc += tl.load(BIAS + bias_offs, mask=bias_mask, other=0.0).to(tl.float32)
+            acc += tl.load(BIAS + rn[None, :], mask=n_ok[None, :], other=0.0).to(tl.float32)
         tl.store(OUT + out_offs, acc.to(OUT.dtype.element_ty), mask=out_mask)
 
 
@@ -167,11 +331,10 @@ def _sum_splits_kernel(PART, BIAS, OUT, MN, N, SPLIT_K, HAS_BIAS: tl.constexpr, 
 @dataclass(frozen=True)
 class Config:
     """How a launch is cut: ``block_n`` outputs per program, ``block_k`` elements of K per loop step
-    (a multiple of the weight's blocksize), ``num_warps`` and ``num_stages`` (software pipelining of
-    the loads), and ``split_k`` slices of K run by separate programs (then summed by a second kernel).
-    One stage by default: on the tensor-core path Triton's pipeliner would turn every 4-byte table
-    lookup into an asynchronous copy through shared memory (the sm_90 code of a 64 x 128 tile grows
-    from 880 to 1,520 instructions, 148 of them such copies); the one-row path is not pipelined."""
+    (a multiple of the weight's blocksize), ``num_warps``, ``split_k`` slices of K run by separate
+    programs (then summed by a second kernel), and ``num_stages``: 1 loads each chunk when it is
+    needed; more prefetch the next chunks' words and x through shared memory (asynchronous copies),
+    which keeps more bytes in flight for more instructions per chunk."""
 
     block_n: int
     block_k: int
@@ -181,6 +344,8 @@ class Config:
 
     def __post_init__(self):
         check_powers_of_two(self, "block_n", "block_k", "num_warps")
+        if self.block_n < 16:
+            raise ValueError(f"Config.block_n must be >= 16 (tl.dot's smallest tile), got {self.block_n}")
         if self.block_k < 32:
             raise ValueError(f"Config.block_k must be >= 32 (the smallest blocksize), got {self.block_k}")
         if self.split_k < 1 or self.num_stages < 1:
@@ -188,10 +353,8 @@ class Config:
                              f"{self.num_stages}")
 
 
-# rows of the padded M -> (block_n, block_k, num_warps). 1 and 16: the fastest on every Llama-2-7B
-# shape in scripts/nf4_gemv_tune.py's grid on the H200, measured with the 256-entry pair table
-# (see the module docstring) and to be re-measured for the 16-entry lookup; 32 and 64: not measured.
-_TABLE = {1: (32, 256, 8), 16: (64, 128, 4), 32: (32, 256, 4), 64: (32, 128, 8)}
+# rows of the padded M -> (block_n, block_k, num_warps): to be measured (scripts/nf4_gemv_tune.py)
+_TABLE = {1: (32, 256, 8), 16: (64, 256, 4), 32: (64, 256, 4), 64: (64, 128, 8)}
 
 
 def _block_m(m: int) -> int:
@@ -264,10 +427,14 @@ def nf4_operands(weight) -> NF4Operands:
     packed = packed.view(torch.uint8).reshape(-1)
     if packed.numel() != n * k // 2:
         raise ValueError(f"the packed weight has {packed.numel()} bytes, expected N * K / 2 = {n * k // 2}")
+    if packed.data_ptr() % 4:
+        raise ValueError("the packed weight must start at a 4-byte boundary (the kernel reads 32-bit words)")
     code = qs.code
     if code.numel() != 16 or not code.is_floating_point():
         raise ValueError(f"quant_state.code must hold the 16 nf4 values, got {tuple(code.shape)} {code.dtype}")
     groups = n * k // bs
+    if groups >= 2**31:
+        raise ValueError(f"N * K / blocksize = {groups} blocks: the kernel indexes blocks with 32-bit integers")
     absmax = qs.absmax.reshape(-1)
     if absmax.numel() != groups:
         raise ValueError(f"quant_state.absmax has {absmax.numel()} entries, expected N * K / blocksize = {groups}")
@@ -337,28 +504,26 @@ def nf4_matmul(x: torch.Tensor, weight, bias: torch.Tensor | None = None, config
     if m == 0:
         return out
     x2 = x.reshape(m, ops.k)
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
+    asm = not _device.INTERPRET and x.dtype != torch.float32  # fp32 x: the exact table, looked up per weight
+    if x2.stride(1) != 1 or (asm and m == 1 and x2.data_ptr() % 4):  # one row: read as 32-bit pairs
+        x2 = x2.contiguous() if x2.stride(1) != 1 else x2.clone()
     cfg = config or config_for(m, ops.n, ops.k, ops.blocksize)
     if cfg.block_k % ops.blocksize:
         raise ValueError(f"Config.block_k = {cfg.block_k} must be a multiple of the weight's blocksize "
                          f"{ops.blocksize}")
-    block_m = _block_m(m)
-    if block_m > 1 and cfg.block_n < 16:
-        raise ValueError(f"Config.block_n = {cfg.block_n}: the tensor-core path (M > 1) needs block_n >= 16")
     chunks = triton.cdiv(ops.k, cfg.block_k)
     per_split = triton.cdiv(chunks, cfg.split_k)
     split = triton.cdiv(chunks, per_split)  # no empty slices
     target = out if split == 1 else torch.empty(split, m, ops.n, dtype=torch.float32, device=x.device)
     nested = ops.nested_absmax is not None
     _nf4_matmul_kernel[(triton.cdiv(ops.n, cfg.block_n), split)](
-        x2, ops.packed, ops.code, ops.absmax,
+        x2, ops.packed.view(torch.int32), ops.code, ops.absmax,
         ops.nested_absmax if nested else ops.absmax, ops.nested_code if nested else ops.absmax,
         ops.offset if nested else ops.absmax, bias if bias is not None else x2, target,
         m, ops.n, ops.k, x2.stride(0), per_split,
-        QB=ops.blocksize, NESTED_QB=ops.nested_blocksize, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        NESTED=nested,
-        HAS_BIAS=bias is not None, DOT=block_m > 1, PARTIAL=split > 1, DOT_FP32=DOT_FP32,
+        QB=ops.blocksize, NESTED_QB=ops.nested_blocksize, BLOCK_M=_block_m(m), BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, NESTED=nested, HAS_BIAS=bias is not None, PARTIAL=split > 1,
+        ASM=asm, DOT_FP32=DOT_FP32, STAGES=cfg.num_stages,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32 x: full-precision products
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
