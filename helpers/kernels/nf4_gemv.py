@@ -66,7 +66,7 @@ from . import check_powers_of_two
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_M = 64  # rows of x one launch handles (the tensor-core path pads M to 16, 32 or 64)
-MIN_PROGRAMS = 132  # split K until the grid has about this many programs: one per SM of an H200
+MIN_PROGRAMS, MAX_SPLIT = 1024, 4  # split K (at most 4 ways) until the grid has ~8 programs per H200 SM
 DOT_FP32 = _device.INTERPRET  # the interpreter's tl.dot mishandles bf16 operands: give it their fp32 values
 
 
@@ -353,8 +353,10 @@ class Config:
                              f"{self.num_stages}")
 
 
-# rows of the padded M -> (block_n, block_k, num_warps): to be measured (scripts/nf4_gemv_tune.py)
-_TABLE = {1: (32, 256, 8), 16: (64, 256, 4), 32: (64, 256, 4), 64: (64, 128, 8)}
+# rows of the padded M -> (block_n, block_k, num_warps). 1 and 16: within 5% of the fastest of
+# scripts/nf4_gemv_tune.py's grid on every Llama-2-7B shape on the H200 (with the split below);
+# 32 and 64: not measured.
+_TABLE = {1: (32, 512, 4), 16: (64, 256, 4), 32: (64, 256, 4), 64: (64, 128, 8)}
 
 
 def _block_m(m: int) -> int:
@@ -364,12 +366,12 @@ def _block_m(m: int) -> int:
 
 def config_for(m: int, n: int, k: int, blocksize: int = 64) -> Config:
     """The default launch shape for M rows of x against an (N, K) weight: the table above, ``block_k``
-    cut to K (rounded up to a power of two) and at least ``blocksize``, and K split while the grid has
-    fewer than ``MIN_PROGRAMS`` programs and each slice keeps at least two chunks."""
+    cut to K (rounded up to a power of two) and at least ``blocksize``, and K split (up to ``MAX_SPLIT``
+    ways) while the grid has fewer than ``MIN_PROGRAMS`` programs and each slice keeps two chunks."""
     block_n, block_k, warps = _TABLE[_block_m(max(1, min(m, MAX_M)))]
     block_k = max(min(block_k, triton.next_power_of_2(k)), blocksize)
     split, programs, chunks = 1, triton.cdiv(n, block_n), triton.cdiv(k, block_k)
-    while programs * split < MIN_PROGRAMS and chunks >= 4 * split:
+    while programs * split < MIN_PROGRAMS and split < MAX_SPLIT and chunks >= 4 * split:
         split *= 2
     return Config(block_n, block_k, warps, split)
 

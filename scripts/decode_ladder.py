@@ -1,0 +1,51 @@
+"""Notebook 07's decoding measurements without the notebook: the nf4 GEMV bandwidth table and the
+decoding ladder, for the models given, on this GPU. The ladder is saved as ``results/<gpu>/decode.json``
+(the file notebook 07 writes).
+
+    python scripts/decode_ladder.py --models 7b
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from helpers import bench, decode_bench, require_cuda, results  # first: sets Triton up
+from helpers.finetune.generate import decode_bytes_per_token  # noqa: E402
+from helpers.finetune.models import build_model, spec_for  # noqa: E402
+
+PROMPT, NEW, EAGER_NEW, CHECK = 16, 256, 64, 80  # notebook 07's full-scale settings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["7b"])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    require_cuda("the decoding measurements")
+    copy = bench.copy_bandwidth()["gbps"]
+    print(f"copy bandwidth {copy:,.0f} GB/s")
+    for rows in (1, 16):
+        for r in decode_bench.gemv_bandwidth(decode_bench.LLAMA_7B_SHAPES, rows=rows):
+            print(f"{rows:3d} row(s)  {r['shape']:34s} {r['impl']:20s} {r['ms'] * 1e3:7.1f} us "
+                  f"{r['gbps']:7,.0f} GB/s {100 * r['gbps'] / copy:4.0f}% of copy", flush=True)
+    ladder = []
+    for name in args.models:
+        model, _ = build_model(name, torch.device("cuda"), vocab_size=32000, attn="sdpa")
+        model.eval()
+        step_bytes = decode_bytes_per_token(spec_for(name, 32000), PROMPT + NEW // 2, lm_head_bytes=2)
+        ladder += decode_bench.ladder(model, name, step_bytes, copy, prompt_len=PROMPT, new_tokens=NEW,
+                                      eager_new_tokens=EAGER_NEW, check_len=CHECK, repeats=args.repeats,
+                                      progress=False)
+        del model
+        torch.cuda.empty_cache()
+    for r in ladder:
+        print(f"{r['model']:4s} {r['variant']:28s} {r['tokens_per_s']:8.1f} tokens/s "
+              f"({100 * r['tokens_per_s'] / r['roofline_tokens_per_s']:4.1f}% of roofline)  logits error "
+              f"{r['logits_max_rel_error'] or 0:.4f} (transformers' own decoding: {r['transformers_decode_error']:.4f}) "
+              f"ok={decode_bench.logits_ok(r)}")
+    print(f"saved to {results.save('decode', ladder)}")
+
+
+if __name__ == "__main__":
+    main()
