@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from helpers import memory, results, roofline, specs
+from helpers.decode_bench import logits_ok
 from helpers.finetune import analysis
 
 README = results.REPO_ROOT / "README.md"
@@ -116,6 +117,21 @@ def _one_card(res: results.Result) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _decode(res: results.Result) -> list[tuple[str, str, str]]:
+    """Notebook 07's decoding ladder: stock generate() against every change, per model."""
+    rows = []
+    for model in dict.fromkeys(r["model"] for r in res.records):
+        ladder = [r for r in res.records if r["model"] == model]
+        first, last = ladder[0], ladder[-1]
+        rows.append((f"4-bit decoding at batch 1, {model.upper()}: {first['variant']} -> {last['variant']}",
+                     f"{first['tokens_per_s']:.0f} -> {last['tokens_per_s']:.0f} tokens/s "
+                     f"({last['tokens_per_s'] / first['tokens_per_s']:.1f}x)",
+                     f"{100 * last['tokens_per_s'] / last['roofline_tokens_per_s']:.0f}% of the bandwidth roofline; "
+                     + ("every rung's logits as close as transformers' own decoding" if all(map(logits_ok, ladder))
+                        else "LOGITS CHECK FAILED at a rung")))
+    return rows
+
+
 def _two_gpus(res: results.Result, spec: specs.GpuSpec | None) -> list[tuple[str, str, str]]:
     rows = []
     train = [r for r in res.records if r.get("kind") == "train"]
@@ -201,6 +217,7 @@ def render(gpu: str = "h200") -> str:
                 ("fused_bias_gelu_layernorm", _load("fused_bias_gelu_layernorm", gpu), _fused, "04"),
                 ("flash_attention", _load("flash_attention", gpu), _attention, "05"),
                 ("finetune", _load("finetune", gpu), _one_card, "06"),
+                ("decode", _load("decode", gpu), _decode, "07"),
                 (f"{gpu}x2/fsdp", _load("fsdp", f"{gpu}x2"), lambda r: _two_gpus(r, spec), "08")]
     lines = [f"Measured on one {ceilings.provenance['gpu']} (notebook 08: two) by the notebooks; every row is read "
              f"from `results/{gpu}/` (`results/{gpu}x2/`) by `scripts/update_readme.py`.", "",
