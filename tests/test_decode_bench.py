@@ -65,6 +65,20 @@ def test_training_step_comparison_records_both_variants():
         kernels_step.train("tiny", "fast", 2, data, device, steps=3)
 
 
+def test_a_reused_build_trains_as_a_new_one():
+    texts = standin_texts(24)
+    tok = train_tokenizer(texts, 500)
+    ids = [t[:24] for t in tok(texts, add_special_tokens=False)["input_ids"]]
+    data = TokenizedData(ids, 512, "test", "test", [len(t) for t in texts])
+    device = torch.device("cpu")
+    fresh = kernels_step.train("tiny", "course", 2, data, device, steps=3, warmup_steps=1)
+    built = kernels_step.build("tiny", "course", data, device)
+    kernels_step.train("tiny", "course", 4, data, device, steps=3, warmup_steps=1, built=built)  # moves the adapters
+    again = kernels_step.train("tiny", "course", 2, data, device, steps=3, warmup_steps=1, built=built)
+    assert again[1] == fresh[1] and torch.equal(again[2], fresh[2])  # same losses, same first gradients
+    assert again[0]["replaced"] == fresh[0]["replaced"]
+
+
 def test_warm_up_runs_one_batch_per_tuning_bucket_and_multiple_of_16():
     texts = standin_texts(8)
     data = TokenizedData([[5] * 8] * 8, 128, "test", "test", [len(t) for t in texts])

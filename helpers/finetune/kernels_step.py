@@ -31,7 +31,8 @@ CATEGORIES = (("RMSNorm", r"rms_norm"),
 
 
 def build(model_name: str, variant: str, data: TokenizedData, device: torch.device, seed: int = 0):
-    """The model of one variant, ready to train; (model, what the course's kernels replaced)."""
+    """The model of one variant, ready to train; (model, what the course's kernels replaced). The
+    model keeps its initial LoRA weights (``reset_lora`` puts them back), so one build serves several runs."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     model, _ = build_model(model_name, device, vocab_size=data.vocab_size, attn="sdpa", seed=seed)
@@ -45,7 +46,17 @@ def build(model_name: str, variant: str, data: TokenizedData, device: torch.devi
     else:
         changed = {}
     model.train()  # checkpointing only recomputes in training mode
+    model.initial_lora = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     return model, changed
+
+
+def reset_lora(model: torch.nn.Module) -> None:
+    """Put a model from :func:`build` back to its initial LoRA weights (the frozen nf4 weights never change)."""
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.requires_grad:
+                p.copy_(model.initial_lora[n])
+    model.zero_grad(set_to_none=True)
 
 
 def lora_gradients(model: torch.nn.Module, batch: dict, seed: int = 0) -> torch.Tensor:
@@ -73,13 +84,16 @@ def warm_up(model: torch.nn.Module, batches: list[dict], device: torch.device) -
 
 
 def train(model_name: str, variant: str, batch_size: int, data: TokenizedData, device: torch.device, *,
-          steps: int = 50, warmup_steps: int = 2, max_len: int | None = 1024, seed: int = 0
-          ) -> tuple[dict, list[float], torch.Tensor]:
+          steps: int = 50, warmup_steps: int = 2, max_len: int | None = 1024, seed: int = 0,
+          built: tuple[torch.nn.Module, dict] | None = None) -> tuple[dict, list[float], torch.Tensor]:
     """Train ``steps`` steps (the first ``warmup_steps`` untimed). Returns a flat record (for
-    ``helpers.results``), every step's loss, and the LoRA gradients of the first batch before training."""
+    ``helpers.results``), every step's loss, and the LoRA gradients of the first batch before training.
+    ``built``: :func:`build`'s result for this model, variant and seed, reused from its initial LoRA
+    weights (the same start as a new build); None: built here and freed after."""
     if steps <= warmup_steps:
         raise ValueError(f"steps ({steps}) must be more than warmup_steps ({warmup_steps})")
-    model, changed = build(model_name, variant, data, device, seed)
+    model, changed = built or build(model_name, variant, data, device, seed)
+    reset_lora(model)
     batches = make_batches(data.token_ids, batch_size, steps, max_len, seed=seed)
     checkpointing = check_checkpointing(model, batches[0]["input_ids"][:1, :16].to(device))
     grads = lora_gradients(model, {k: v.to(device) for k, v in batches[0].items()}, seed)
@@ -90,6 +104,7 @@ def train(model_name: str, variant: str, batch_size: int, data: TokenizedData, d
     times, _, losses = timed_steps(model, batches, device, warmup_steps, None)
     tokens = sum(int(b["attention_mask"].sum()) for b in batches[warmup_steps:])
     peak = torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else None
+    model.zero_grad(set_to_none=True)
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -108,9 +123,11 @@ def category(kernel: str) -> str:
 
 
 def step_breakdown(model_name: str, variant: str, batch_size: int, data: TokenizedData, device: torch.device,
-                   max_len: int | None = 1024, seed: int = 0) -> dict[str, float]:
-    """Milliseconds of device time per forward + backward by kernel category (CPU time on a CPU)."""
-    model, _ = build(model_name, variant, data, device, seed)
+                   max_len: int | None = 1024, seed: int = 0,
+                   built: tuple[torch.nn.Module, dict] | None = None) -> dict[str, float]:
+    """Milliseconds of device time per forward + backward by kernel category (CPU time on a CPU).
+    ``built``: as in :func:`train`."""
+    model, _ = built or build(model_name, variant, data, device, seed)
     [batch] = make_batches(data.token_ids, batch_size, 1, max_len, seed=seed)
     batch = {k: v.to(device) for k, v in batch.items()}
 

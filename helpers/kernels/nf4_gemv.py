@@ -353,7 +353,7 @@ class Config:
                              f"{self.num_stages}")
 
 
-# rows of the padded M -> (block_n, block_k, num_warps). 1 and 16: within 5% of the fastest of
+# rows of the padded M -> (block_n, block_k, num_warps). 1 and 16: within 6% of the fastest of
 # scripts/nf4_gemv_tune.py's grid on every Llama-2-7B shape on the H200 (with the split below);
 # 32 and 64: not measured.
 _TABLE = {1: (32, 512, 4), 16: (64, 256, 4), 32: (64, 256, 4), 64: (64, 128, 8)}
