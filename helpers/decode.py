@@ -91,6 +91,10 @@ class Decoder:
         cos, sin = inner.rotary_emb(probe, positions[None])  # the model's own tables, in its dtype
         self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # (max_len, head_dim)
         self.positions = positions
+        # the attention mask's two values, in the model's dtype: added to the scores (SDPA converts a
+        # boolean mask to this form in every layer; built once per step here instead)
+        self._open = torch.zeros(max_len, dtype=self.dtype, device=self.device)
+        self._closed = torch.full((max_len,), float("-inf"), dtype=self.dtype, device=self.device)
         self.pos = torch.zeros(1, dtype=torch.long, device=self.device)  # the next position to write
         self.tokens = torch.zeros(batch_size, dtype=torch.long, device=self.device)
         self.logits = torch.zeros(batch_size, cfg.vocab_size, dtype=torch.float32, device=self.device)
@@ -108,7 +112,8 @@ class Decoder:
     def _step(self) -> None:
         inner = self.model.model
         x = inner.embed_tokens(self.tokens)[:, None, :]
-        mask = (self.positions <= self.pos)[None, None, None, :]  # the cache up to and including this token
+        # the cache up to and including this token: 0 there, -inf beyond
+        mask = torch.where(self.positions <= self.pos, self._open, self._closed)[None, None, None, :]
         for i, layer in enumerate(inner.layers):
             ln = layer.input_layernorm
             x = x + self._attention(layer, i, self.norm(x, ln.weight, ln.variance_epsilon), mask)
