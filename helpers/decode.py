@@ -1,7 +1,8 @@
 """Token-by-token decoding of a Llama model with a static KV cache, optionally replayed as one CUDA graph.
 
     dec = Decoder(model, max_len=640)                     # bitsandbytes' 4-bit matmuls, PyTorch's norms
-    dec = Decoder(model, max_len=640, linear=nf4_linear, norm=rms_norm, rope=rope_cache, graph=True)  # the course's
+    dec = Decoder(model, max_len=640, linear=nf4_linear, linear_group=nf4_linear_group, norm=rms_norm,
+                  rope=rope_cache, graph=True)                      # the course's kernels
     dec.prefill(prompt)                                   # (B, T) token ids
     tokens = dec.generate(256)                            # greedy; (B, 256)
 
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 Linear = Callable[[torch.Tensor, nn.Module], torch.Tensor]
+LinearGroup = Callable[[torch.Tensor, tuple[nn.Module, ...]], list[torch.Tensor]]  # several projections of one x
 Norm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
 Rope = Callable[..., torch.Tensor]  # (q, k, v, cos, sin, pos, k_cache, v_cache) -> rotated q, see torch_rope_cache
 
@@ -60,13 +62,15 @@ class Decoder:
     """Greedy or teacher-forced decoding of ``model`` for ``batch_size`` sequences of up to ``max_len`` tokens.
 
     ``linear(x, module)`` computes every projection of the decoder layers (default: the module's own
-    forward); ``norm(x, weight, eps)`` every RMSNorm; ``rope(...)`` the rotary embedding and the cache
+    forward), or, where given, ``linear_group(x, modules)`` the projections that share an input (q, k
+    and v; gate and up) together; ``norm(x, weight, eps)`` every RMSNorm; ``rope(...)`` the rotary embedding and the cache
     write (:func:`torch_rope_cache`'s contract). ``graph=True`` (CUDA only) captures one step as a CUDA
     graph on first use and replays it for every token.
     """
 
     def __init__(self, model: nn.Module, max_len: int, batch_size: int = 1, *, linear: Linear = module_linear,
-                 norm: Norm = torch_rms_norm, rope: Rope = torch_rope_cache, graph: bool = False) -> None:
+                 linear_group: LinearGroup | None = None, norm: Norm = torch_rms_norm, rope: Rope = torch_rope_cache,
+                 graph: bool = False) -> None:
         if max_len < 1 or batch_size < 1:
             raise ValueError(f"max_len and batch_size must be >= 1, got {max_len} and {batch_size}")
         inner = getattr(model, "model", None)
@@ -76,6 +80,7 @@ class Decoder:
         if max_len > cfg.max_position_embeddings:
             raise ValueError(f"max_len {max_len} is beyond the model's {cfg.max_position_embeddings} positions")
         self.model, self.linear, self.norm, self.rope = model, linear, norm, rope
+        self.linear_group = linear_group or (lambda x, modules: [linear(x, m) for m in modules])
         self.device = inner.embed_tokens.weight.device
         if graph and self.device.type != "cuda":
             raise ValueError(f"graph=True needs the model on a CUDA device; it is on {self.device}")
@@ -103,7 +108,7 @@ class Decoder:
 
     def _attention(self, layer: nn.Module, i: int, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         attn, b = layer.self_attn, self.batch_size
-        q, k, v = (self.linear(h, proj) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+        q, k, v = self.linear_group(h, (attn.q_proj, attn.k_proj, attn.v_proj))
         q = self.rope(q, k, v, self.cos, self.sin, self.pos, self.k_cache[i], self.v_cache[i])
         out = F.scaled_dot_product_attention(q, self.k_cache[i], self.v_cache[i], attn_mask=mask,
                                              enable_gqa=self.kv_heads != self.heads)
@@ -119,7 +124,8 @@ class Decoder:
             x = x + self._attention(layer, i, self.norm(x, ln.weight, ln.variance_epsilon), mask)
             ln, mlp = layer.post_attention_layernorm, layer.mlp
             h = self.norm(x, ln.weight, ln.variance_epsilon)
-            x = x + self.linear(F.silu(self.linear(h, mlp.gate_proj)) * self.linear(h, mlp.up_proj), mlp.down_proj)
+            gate, up = self.linear_group(h, (mlp.gate_proj, mlp.up_proj))
+            x = x + self.linear(F.silu(gate) * up, mlp.down_proj)
         x = self.norm(x, inner.norm.weight, inner.norm.variance_epsilon)
         self.logits.copy_(self.model.lm_head(x)[:, 0])
         self.pos.add_(1)

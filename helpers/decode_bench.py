@@ -21,13 +21,14 @@ VARIANTS = ("stock generate", "static cache", "static cache + CUDA graph", "+ fu
 
 def _kernels(variant: str) -> dict[str, Callable]:
     """The Decoder hooks of a rung: each rung keeps the kernels of the one before it."""
-    from .kernels.nf4_gemv import nf4_linear
+    from .kernels.nf4_gemv import nf4_linear, nf4_linear_group
     from .kernels.rms_norm import rms_norm
     from .kernels.rope_cache import rope_cache
 
     rung = VARIANTS.index(variant)
-    return {"linear": nf4_linear if rung >= 3 else module_linear, "norm": rms_norm if rung >= 4 else torch_rms_norm,
-            "rope": rope_cache if rung >= 5 else torch_rope_cache}
+    return {"linear": nf4_linear if rung >= 3 else module_linear,
+            "linear_group": nf4_linear_group if rung >= 3 else None,  # q, k, v in one launch; gate and up in one
+            "norm": rms_norm if rung >= 4 else torch_rms_norm, "rope": rope_cache if rung >= 5 else torch_rope_cache}
 
 
 def decoder(model: nn.Module, variant: str, max_len: int, batch_size: int = 1) -> Decoder:

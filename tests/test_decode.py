@@ -50,6 +50,15 @@ def test_the_linear_and_norm_hooks_compute_every_projection_and_norm(model):
     layers = model.config.num_hidden_layers
     assert calls == {"linear": 7 * layers, "norm": 2 * layers + 1}
 
+    def group(x, modules):
+        calls["group"] = calls.get("group", 0) + 1
+        calls["grouped"] = calls.get("grouped", 0) + len(modules)
+        return [module(x) for module in modules]
+
+    calls.update(linear=0, norm=0)
+    Decoder(model, max_len=8, linear=linear, linear_group=group, norm=norm).step(torch.tensor([5]))
+    assert calls == {"linear": 2 * layers, "norm": 2 * layers + 1, "group": 2 * layers, "grouped": 5 * layers}
+
 
 def test_bad_input_is_refused(model):
     dec = Decoder(model, max_len=8)

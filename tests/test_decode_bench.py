@@ -28,13 +28,17 @@ def test_every_rung_of_the_ladder_is_timed_and_checked(model):
 def test_a_variant_with_the_course_kernels_uses_them(model, monkeypatch):
     from helpers.kernels import nf4_gemv, rms_norm
 
-    calls = {"nf4": 0, "norm": 0}
-    gemv, norm = nf4_gemv.nf4_linear, rms_norm.rms_norm
-    monkeypatch.setattr(nf4_gemv, "nf4_linear", lambda *a, **k: calls.__setitem__("nf4", calls["nf4"] + 1) or gemv(*a, **k))
-    monkeypatch.setattr(rms_norm, "rms_norm", lambda *a, **k: calls.__setitem__("norm", calls["norm"] + 1) or norm(*a, **k))
+    calls = {"nf4": 0, "nf4 group": 0, "norm": 0}
+
+    def counted(name, fn):
+        return lambda *a, **k: calls.__setitem__(name, calls[name] + 1) or fn(*a, **k)
+
+    monkeypatch.setattr(nf4_gemv, "nf4_linear", counted("nf4", nf4_gemv.nf4_linear))
+    monkeypatch.setattr(nf4_gemv, "nf4_linear_group", counted("nf4 group", nf4_gemv.nf4_linear_group))
+    monkeypatch.setattr(rms_norm, "rms_norm", counted("norm", rms_norm.rms_norm))
     decode_bench.decoder(model, "+ fused rotary & KV write", 4).step(torch.tensor([5]))
     layers = model.config.num_hidden_layers
-    assert calls == {"nf4": 7 * layers, "norm": 2 * layers + 1}
+    assert calls == {"nf4": 2 * layers, "nf4 group": 2 * layers, "norm": 2 * layers + 1}  # (q, k, v), (gate, up)
     with pytest.raises(ValueError, match="variant"):
         decode_bench.decoder(model, "stock generate", 4)
 

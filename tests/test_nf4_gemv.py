@@ -150,6 +150,37 @@ def test_refuses_weight_repacked_for_the_cpu_kernel():
         K.nf4_linear(torch.randn(1, 128, device=DEV), module)
 
 
+# ------------------------------------------------------------------------- several weights at once
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lead", [(1,), (2, 3)])
+@pytest.mark.parametrize("ns", [(37, 130), (64, 16, 16), (70, 70, 70)])
+@pytest.mark.parametrize("cfg", [None, K.Config(16, 64, 2, split_k=3)])
+def test_group_matches_each_weight(ns, lead, dtype, cfg, poisoned):
+    weights = [quantize(n, 320, seed=i) for i, n in enumerate(ns)]
+    x = randn(*lead, 320, dtype=dtype)
+    outs = K.nf4_matmul_group(x, weights, config=cfg)
+    for out, (packed, state), n in zip(outs, weights, ns):
+        assert out.shape == (*lead, n) and out.dtype == dtype and out.is_contiguous()
+        assert rel_err(out, reference(x, packed, state)) < TOL[dtype]
+    single = [K.nf4_matmul(x, w, config=cfg) for w in weights]
+    assert all(torch.equal(a, b) for a, b in zip(outs, single))  # the same sums as one launch per weight
+
+
+def test_group_refuses_what_it_cannot_take():
+    x = randn(1, 64)
+    with pytest.raises(ValueError, match="1 to 3"):
+        K.nf4_matmul_group(x, [quantize(8, 64)] * 4)
+    with pytest.raises(ValueError, match="share K"):
+        K.nf4_matmul_group(x, [quantize(8, 64), quantize(8, 64, nested=False)])
+    with pytest.raises(ValueError, match="share K"):
+        K.nf4_matmul_group(x, [quantize(8, 64), quantize(8, 128)])
+    module = bnb.nn.Linear4bit(64, 8, bias=True, quant_type="nf4").to(DEV)
+    with pytest.raises(ValueError, match="without bias"):
+        K.nf4_linear_group(x, [module])
+    with pytest.raises(TypeError, match="Linear4bit"):
+        K.nf4_linear_group(x, [torch.nn.Linear(64, 8)])
+
+
 # ------------------------------------------------------------------ the GPU's table lookup (PTX)
 def _bits16(dtype):
     """The 16 nf4 values of bitsandbytes rounded to ``dtype``: their 16-bit patterns."""

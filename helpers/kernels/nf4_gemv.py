@@ -44,6 +44,9 @@ eight weights of a word (the 16-entry table rides along in eight registers as by
 In the Triton interpreter (no PTX) and for fp32 x the same arithmetic runs as a lookup per weight
 (with the PTX's roundings for 16-bit x; the exact fp32 table for fp32 x).
 
+``nf4_matmul_group`` runs up to three weights with the same K in one launch (a layer's q, k and v;
+gate and up): one grid over all their rows, each program on one weight, each result its own block.
+
 With ``split_k > 1`` each slice writes fp32 partial sums and a second small kernel adds them in a
 fixed order (deterministic), adds the bias and casts. Results are always accumulated in fp32.
 
@@ -226,24 +229,37 @@ def _dot_words(word, x0, x1, x2, x3, planes, DTYPE: tl.constexpr):
 
 @triton.jit
 def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
-                       M, N, K, stride_xm, chunks_per_split,
+                       W_1, ABSMAX_1, ABSMAX2_1, OFFSET_1, W_2, ABSMAX_2, ABSMAX2_2, OFFSET_2,
+                       M, N, N_0, N_1, K, stride_xm, chunks_per_split,
                        QB: tl.constexpr, NESTED_QB: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       NESTED: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
+                       NESTED: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, WEIGHTS: tl.constexpr,
                        ASM: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
-    """OUT[m, n] = sum_k X[m, k] * W[n, k] over this program's K slice (see the module docstring)."""
+    """OUT[m, n] = sum_k X[m, k] * W[n, k] over this program's K slice (see the module docstring).
+    WEIGHTS (1 to 3) weights of N_0, N_1 and N - N_0 - N_1 rows, one launch: the first programs along
+    axis 0 take W, the next W_1, then W_2; weight i's result is an (M, N_i) block of OUT after the
+    blocks of the weights before it."""
     G: tl.constexpr = BLOCK_K // QB    # quantisation blocks per chunk
     WPB: tl.constexpr = QB // 8        # 32-bit words of codes per quantisation block
     DTYPE: tl.constexpr = X.dtype.element_ty
     PLANES: tl.constexpr = tl.float16 if BLOCK_M == 1 else DTYPE  # the table's format in the PTX
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tile, rows, first_row = pid_n, N_0, 0  # this program's tile of its weight, the weight's rows, its first row
+    if WEIGHTS > 1:
+        if pid_n >= tl.cdiv(N_0, BLOCK_N):
+            W, ABSMAX, ABSMAX2, OFFSET = W_1, ABSMAX_1, ABSMAX2_1, OFFSET_1
+            tile, rows, first_row = pid_n - tl.cdiv(N_0, BLOCK_N), N_1, N_0
+    if WEIGHTS > 2:
+        if pid_n >= tl.cdiv(N_0, BLOCK_N) + tl.cdiv(N_1, BLOCK_N):
+            W, ABSMAX, ABSMAX2, OFFSET = W_2, ABSMAX_2, ABSMAX2_2, OFFSET_2
+            tile, rows, first_row = pid_n - tl.cdiv(N_0, BLOCK_N) - tl.cdiv(N_1, BLOCK_N), N - N_0 - N_1, N_0 + N_1
+    rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
     rg = tl.arange(0, G)
     rw = tl.arange(0, WPB)
     rk = tl.arange(0, BLOCK_K)
-    n_ok = rn < N
+    n_ok = rn < rows
     m_ok = rm < M
     groups = K // QB                   # quantisation blocks per row of W
     w_rows = W + rn.to(tl.int64)[:, None, None] * (K // 8)
@@ -304,7 +320,7 @@ def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
             acc = tl.dot(xv, tl.trans(w), acc, input_precision=PRECISION)
     if BLOCK_M == 1:
         acc = acc_row[None, :]
-    out_offs = rm[:, None] * N + rn[None, :]
+    out_offs = M * first_row + rm[:, None] * rows + rn[None, :]  # this weight's (M, N_i) block
     out_mask = m_ok[:, None] & n_ok[None, :]
     if PARTIAL:
         tl.store(OUT + pid_k.to(tl.int64) * M * N + out_offs, acc, mask=out_mask)
@@ -498,42 +514,75 @@ def nf4_matmul(x: torch.Tensor, weight, bias: torch.Tensor | None = None, config
     dtype fp16, bf16 or fp32; the result has shape (..., N) and x's dtype, accumulated in fp32.
     ``config`` overrides :func:`config_for`."""
     ops = weight if isinstance(weight, NF4Operands) else nf4_operands(weight)
-    _check_x(x, ops)
+    return _matmul(x, [ops], bias, config)[0]
+
+
+def nf4_matmul_group(x: torch.Tensor, weights, config: Config | None = None) -> list[torch.Tensor]:
+    """``[x @ W_i^T for W_i in weights]`` in one launch, for 1 to 3 nf4 weights that share K, blocksize
+    and kind of statistics (a layer's q, k and v projections; gate and up): one grid over all their
+    rows, so fewer, larger launches. Each result has shape (..., N_i), is contiguous and has x's dtype.
+    The weights are taken as :func:`nf4_matmul` takes them, without bias; all of them use the first
+    one's 16-entry code table and nested code map (bitsandbytes uses the same for every nf4 weight)."""
+    if not isinstance(weights, (list, tuple)) or not 1 <= len(weights) <= 3:
+        raise ValueError(f"weights must be a list of 1 to 3 nf4 weights, got {type(weights).__name__} "
+                         f"of {len(weights) if isinstance(weights, (list, tuple)) else '?'}")
+    ops = [w if isinstance(w, NF4Operands) else nf4_operands(w) for w in weights]
+    key = [(o.k, o.blocksize, o.nested_blocksize, o.nested_absmax is None) for o in ops]
+    if len(set(key)) > 1:
+        raise ValueError(f"the weights must share K, blocksize and kind of statistics, got (K, blocksize, "
+                         f"nested blocksize, not nested) = {key}")
+    return _matmul(x, ops, None, config)
+
+
+def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | None, config: Config | None
+            ) -> list[torch.Tensor]:
+    """One launch for ``x`` against 1 to 3 checked weights: the results, views of one buffer."""
+    for ops in weights:
+        _check_x(x, ops)
+    ops = weights[0]
     _check_bias(bias, ops.n, x.device)
-    lead = x.shape[:-1]
-    out = torch.empty(*lead, ops.n, dtype=x.dtype, device=x.device)
-    m = math.prod(lead)
+    lead, ns = x.shape[:-1], [w.n for w in weights]
+    m, n = math.prod(lead), sum(ns)
+    flat = torch.empty(m * n, dtype=x.dtype, device=x.device)
+    starts = [m * sum(ns[:i]) for i in range(len(ns))]
+    outs = [flat[s:s + m * w.n].view(*lead, w.n) for s, w in zip(starts, weights)]
     if m == 0:
-        return out
+        return outs
     x2 = x.reshape(m, ops.k)
     asm = not _device.INTERPRET and x.dtype != torch.float32  # fp32 x: the exact table, looked up per weight
     if x2.stride(1) != 1 or (asm and m == 1 and x2.data_ptr() % 4):  # one row: read as 32-bit pairs
         x2 = x2.contiguous() if x2.stride(1) != 1 else x2.clone()
-    cfg = config or config_for(m, ops.n, ops.k, ops.blocksize)
+    cfg = config or config_for(m, n, ops.k, ops.blocksize)
     if cfg.block_k % ops.blocksize:
         raise ValueError(f"Config.block_k = {cfg.block_k} must be a multiple of the weight's blocksize "
                          f"{ops.blocksize}")
     chunks = triton.cdiv(ops.k, cfg.block_k)
     per_split = triton.cdiv(chunks, cfg.split_k)
     split = triton.cdiv(chunks, per_split)  # no empty slices
-    target = out if split == 1 else torch.empty(split, m, ops.n, dtype=torch.float32, device=x.device)
+    target = flat if split == 1 else torch.empty(split, m * n, dtype=torch.float32, device=x.device)
     nested = ops.nested_absmax is not None
-    _nf4_matmul_kernel[(triton.cdiv(ops.n, cfg.block_n), split)](
-        x2, ops.packed.view(torch.int32), ops.code, ops.absmax,
-        ops.nested_absmax if nested else ops.absmax, ops.nested_code if nested else ops.absmax,
-        ops.offset if nested else ops.absmax, bias if bias is not None else x2, target,
-        m, ops.n, ops.k, x2.stride(0), per_split,
+
+    def parts(w: NF4Operands) -> list[torch.Tensor]:
+        """The per-weight pointers: packed words, scales, nested scales, offset (placeholders if not nested)."""
+        return [w.packed.view(torch.int32), w.absmax, w.nested_absmax if nested else w.absmax,
+                w.offset if nested else w.absmax]
+
+    w0, more = parts(ops), [parts(w) for w in weights[1:]] + [parts(ops)] * (3 - len(weights))
+    _nf4_matmul_kernel[(sum(triton.cdiv(w.n, cfg.block_n) for w in weights), split)](
+        x2, w0[0], ops.code, w0[1], w0[2], ops.nested_code if nested else ops.absmax, w0[3],
+        bias if bias is not None else x2, target, *more[0], *more[1],
+        m, n, ns[0], ns[1] if len(ns) > 1 else 0, ops.k, x2.stride(0), per_split,
         QB=ops.blocksize, NESTED_QB=ops.nested_blocksize, BLOCK_M=_block_m(m), BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, NESTED=nested, HAS_BIAS=bias is not None, PARTIAL=split > 1,
+        BLOCK_K=cfg.block_k, NESTED=nested, HAS_BIAS=bias is not None, PARTIAL=split > 1, WEIGHTS=len(weights),
         ASM=asm, DOT_FP32=DOT_FP32, STAGES=cfg.num_stages,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32 x: full-precision products
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
-        _sum_splits_kernel[(triton.cdiv(m * ops.n, block),)](
-            target, bias if bias is not None else target, out, m * ops.n, ops.n, split,
+        _sum_splits_kernel[(triton.cdiv(m * n, block),)](
+            target, bias if bias is not None else target, flat, m * n, n, split,
             HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
-    return out
+    return outs
 
 
 def nf4_linear(x: torch.Tensor, module: torch.nn.Module, config: Config | None = None) -> torch.Tensor:
@@ -544,3 +593,18 @@ def nf4_linear(x: torch.Tensor, module: torch.nn.Module, config: Config | None =
         raise TypeError(f"module must be a quantised bitsandbytes Linear4bit (move it to a device first), "
                         f"got {type(module).__name__}")
     return nf4_matmul(x, weight, module.bias, config)
+
+
+def nf4_linear_group(x: torch.Tensor, modules, config: Config | None = None) -> list[torch.Tensor]:
+    """The forwards of 1 to 3 quantised ``Linear4bit`` modules without bias on the same x, in one launch
+    (:func:`nf4_matmul_group`)."""
+    weights = []
+    for module in modules:
+        weight = getattr(module, "weight", None)
+        if getattr(weight, "quant_state", None) is None:
+            raise TypeError(f"every module must be a quantised bitsandbytes Linear4bit (move it to a device first), "
+                            f"got {type(module).__name__}")
+        if module.bias is not None:
+            raise ValueError("nf4_linear_group takes modules without bias; use nf4_linear for one with a bias")
+        weights.append(weight)
+    return nf4_matmul_group(x, weights, config)
