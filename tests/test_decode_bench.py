@@ -49,12 +49,17 @@ def test_gemv_bandwidth_times_three_implementations():
     assert all(r["ms"] > 0 and r["gbps"] > 0 for r in records)
 
 
-def test_training_step_comparison_records_both_variants():
+@pytest.fixture(scope="module")
+def tiny_data():
+    """40 stand-in texts, tokenized by a small local tokenizer and cut at 24 tokens."""
     texts = standin_texts(40)
     tok = train_tokenizer(texts, 500)
     ids = [t[:24] for t in tok(texts, add_special_tokens=False)["input_ids"]]
-    data = TokenizedData(ids, 512, "test", "test", [len(t) for t in texts])
-    device = torch.device("cpu")
+    return TokenizedData(ids, 512, "test", "test", [len(t) for t in texts])
+
+
+def test_training_step_comparison_records_both_variants(tiny_data):
+    data, device = tiny_data, torch.device("cpu")
     runs = {v: kernels_step.train("tiny", v, 2, data, device, steps=3, warmup_steps=1) for v in kernels_step.VARIANTS}
     (stock, stock_losses, stock_grads), (course, course_losses, course_grads) = runs["stock"], runs["course"]
     assert course["replaced"] == "attention: course, rms_norm_modules: 5" and stock["replaced"] == "nothing"
@@ -69,12 +74,8 @@ def test_training_step_comparison_records_both_variants():
         kernels_step.train("tiny", "fast", 2, data, device, steps=3)
 
 
-def test_a_reused_build_trains_as_a_new_one():
-    texts = standin_texts(24)
-    tok = train_tokenizer(texts, 500)
-    ids = [t[:24] for t in tok(texts, add_special_tokens=False)["input_ids"]]
-    data = TokenizedData(ids, 512, "test", "test", [len(t) for t in texts])
-    device = torch.device("cpu")
+def test_a_reused_build_trains_as_a_new_one(tiny_data):
+    data, device = tiny_data, torch.device("cpu")
     fresh = kernels_step.train("tiny", "course", 2, data, device, steps=3, warmup_steps=1)
     built = kernels_step.build("tiny", "course", data, device)
     kernels_step.train("tiny", "course", 4, data, device, steps=3, warmup_steps=1, built=built)  # moves the adapters
