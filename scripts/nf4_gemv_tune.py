@@ -2,9 +2,10 @@
 
     python scripts/nf4_gemv_tune.py --rows 1 16
 
-For each Llama-2-7B weight shape and each row count, times every ``Config`` of a small grid after
-checking its result against bitsandbytes' dequantised weights in float64, and prints the fastest few
-with their GB/s against the measured copy bandwidth, then the default's and bitsandbytes' own kernel.
+For each Llama-2-7B weight shape (and the row counts of the decoder's grouped launches) and each
+count of rows of x, times every ``Config`` of a small grid after checking its result against
+bitsandbytes' dequantised weights in float64, and prints the fastest few with their GB/s against the
+measured copy bandwidth, then the default's and bitsandbytes' own kernel.
 Timed as a decoder runs them (``bench.time_in_graph``): inside one CUDA graph, over enough copies of
 the weight to exceed the L2 cache, so every call reads its weight from HBM and no launch gap from the
 CPU is counted. Launch shapes that need more resources than the GPU has are skipped.
@@ -30,6 +31,9 @@ GRID = {1: {"block_n": (16, 32, 64), "block_k": (256, 512, 1024, 2048), "num_war
         16: {"block_n": (32, 64), "block_k": (128, 256), "num_warps": (4, 8), "split_k": (1, 2, 4),
              "num_stages": (1,)}}
 TOLERANCE = 2e-2  # max error / max |y| against float64: a few bf16 roundings
+# the decoder's grouped launches (nf4_matmul_group) cover these row counts in one grid
+SHAPES = {**LLAMA_7B_SHAPES, "q, k, v in one launch (12288 x 4096)": (12288, 4096),
+          "gate, up in one launch (22016 x 4096)": (22016, 4096)}
 
 
 def main() -> None:
@@ -40,7 +44,7 @@ def main() -> None:
     require_cuda("tuning the nf4 kernel")
     copy = bench.copy_bandwidth()["gbps"]
     print(f"copy bandwidth {copy:,.0f} GB/s")
-    for label, (n, k) in LLAMA_7B_SHAPES.items():
+    for label, (n, k) in SHAPES.items():
         weights = nf4_weights(n, k)
         ops = [nf4_operands(w) for w in weights]
         for rows in args.rows:
