@@ -63,9 +63,9 @@ class Decoder:
 
     ``linear(x, module)`` computes every projection of the decoder layers (default: the module's own
     forward), or, where given, ``linear_group(x, modules)`` the projections that share an input (q, k
-    and v; gate and up) together; ``norm(x, weight, eps)`` every RMSNorm; ``rope(...)`` the rotary embedding and the cache
-    write (:func:`torch_rope_cache`'s contract). ``graph=True`` (CUDA only) captures one step as a CUDA
-    graph on first use and replays it for every token.
+    and v; gate and up) together; ``norm(x, weight, eps)`` every RMSNorm; ``rope(...)`` the rotary
+    embedding and the cache write (:func:`torch_rope_cache`'s contract). ``graph=True`` (CUDA only)
+    captures one step as a CUDA graph on first use and replays it for every token.
     """
 
     def __init__(self, model: nn.Module, max_len: int, batch_size: int = 1, *, linear: Linear = module_linear,

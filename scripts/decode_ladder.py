@@ -42,7 +42,7 @@ def main() -> None:
     for r in ladder:
         print(f"{r['model']:4s} {r['variant']:28s} {r['tokens_per_s']:8.1f} tokens/s "
               f"({100 * r['tokens_per_s'] / r['roofline_tokens_per_s']:4.1f}% of roofline)  logits error "
-              f"{r['logits_max_rel_error'] or 0:.4f} (transformers' own decoding: {r['transformers_decode_error']:.4f}) "
+              f"{r['logits_max_rel_error'] or 0:.4f} (transformers' own: {r['transformers_decode_error']:.4f}) "
               f"ok={decode_bench.logits_ok(r)}")
     print(f"saved to {results.save('decode', ladder)}")
 

@@ -253,7 +253,8 @@ def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
     if WEIGHTS > 2:
         if pid_n >= tl.cdiv(N_0, BLOCK_N) + tl.cdiv(N_1, BLOCK_N):
             W, ABSMAX, ABSMAX2, OFFSET = W_2, ABSMAX_2, ABSMAX2_2, OFFSET_2
-            tile, rows, first_row = pid_n - tl.cdiv(N_0, BLOCK_N) - tl.cdiv(N_1, BLOCK_N), N - N_0 - N_1, N_0 + N_1
+            tile = pid_n - tl.cdiv(N_0, BLOCK_N) - tl.cdiv(N_1, BLOCK_N)
+            rows, first_row = N - N_0 - N_1, N_0 + N_1
     rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
     rg = tl.arange(0, G)
