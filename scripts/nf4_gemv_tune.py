@@ -44,6 +44,7 @@ def main() -> None:
     require_cuda("tuning the nf4 kernel")
     copy = bench.copy_bandwidth()["gbps"]
     print(f"copy bandwidth {copy:,.0f} GB/s")
+    tile_times: dict[int, dict[tuple, dict[str, float]]] = {rows: {} for rows in args.rows}  # ms by rows, tile, shape
     for label, (n, k) in SHAPES.items():
         weights = nf4_weights(n, k)
         ops = [nf4_operands(w) for w in weights]
@@ -66,6 +67,9 @@ def main() -> None:
                     raise RuntimeError(f"{label}, {rows} rows, {cfg}: max error {error:.3g} of max |y|")
                 ms = bench.time_in_graph([lambda o=o, cfg=cfg: nf4_matmul(x, o, config=cfg) for o in ops]).ms
                 timed.append((ms, str(cfg)))
+                tile = (cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages)
+                best = tile_times[rows].setdefault(tile, {})
+                best[label] = min(ms, best.get(label, ms))  # the tile's fastest split on this shape
             timed.sort()
             default_ms = bench.time_in_graph([lambda o=o: nf4_matmul(x, o) for o in ops]).ms
             bnb_ms = bench.time_in_graph([lambda w=w: bnb.matmul_4bit(x, w[0].t(), quant_state=w[1])
@@ -74,6 +78,14 @@ def main() -> None:
             for ms, name in timed[:args.top] + [(default_ms, f"{default} default"), (bnb_ms, "bitsandbytes")]:
                 gbps = moved / ms / 1e6
                 print(f"  {ms * 1e3:8.1f} us  {gbps:7,.0f} GB/s  {100 * gbps / copy:4.0f}% of copy  {name}", flush=True)
+    for rows, tiles in tile_times.items():
+        fastest = {label: min(t[label] for t in tiles.values() if label in t) for label in SHAPES}
+        slowdown = {tile: max(t[label] / fastest[label] for label in SHAPES)
+                    for tile, t in tiles.items() if len(t) == len(SHAPES)}
+        print(f"\n{rows} row(s): one tile for every shape (its best split on each), worst slowdown against each "
+              "shape's fastest:")
+        for tile, worst in sorted(slowdown.items(), key=lambda kv: kv[1])[:args.top]:
+            print(f"  (block_n, block_k, num_warps, num_stages) = {tile}: {100 * (worst - 1):.0f}% slower at worst")
 
 
 if __name__ == "__main__":
