@@ -126,7 +126,8 @@ def step_breakdown(model_name: str, variant: str, batch_size: int, data: Tokeniz
                    max_len: int | None = 1024, seed: int = 0,
                    built: tuple[torch.nn.Module, dict] | None = None) -> dict[str, float]:
     """Milliseconds of device time per forward + backward by kernel category (CPU time on a CPU).
-    ``built``: as in :func:`train`."""
+    ``built``: :func:`build`'s result to profile as it is (the LoRA weights do not change the time);
+    None: built here."""
     model, _ = built or build(model_name, variant, data, device, seed)
     [batch] = make_batches(data.token_ids, batch_size, 1, max_len, seed=seed)
     batch = {k: v.to(device) for k, v in batch.items()}

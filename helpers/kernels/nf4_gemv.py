@@ -41,8 +41,8 @@ eight weights of a word (the 16-entry table rides along in eight registers as by
   rounding) fed to ``tl.dot`` (tensor cores; M padded to 16, 32 or 64 rows), fp32 accumulation: at
   16 rows a CUDA-core loop would need ~300 TFLOP/s of fp32 to keep up with HBM.
 
-In the Triton interpreter (no PTX) and for fp32 x the same arithmetic runs as a lookup per weight
-(with the PTX's roundings for 16-bit x; the exact fp32 table for fp32 x).
+In the Triton interpreter (no PTX), on GPUs before sm_80 and for fp32 x the same arithmetic runs as a
+lookup per weight (with the PTX's roundings for 16-bit x; the exact fp32 table for fp32 x).
 
 ``nf4_matmul_group`` runs up to three weights with the same K in one launch (a layer's q, k and v;
 gate and up): one grid over all their rows, each program on one weight, each result its own block.
@@ -56,6 +56,7 @@ anyway. ``x`` may have any strides (its last dimension is made contiguous when i
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -106,16 +107,19 @@ def _dequant_ptx(dtype: torch.dtype) -> str:
     of byte j); ``$10`` ... ``$17``: the table in ``dtype`` (byte planes). One packed multiply by the
     scale per pair of weights."""
     kind = {torch.bfloat16: "bf16x2", torch.float16: "f16x2"}[dtype]
+    # the scale: one packed multiply (bf16x2 has no mul before sm_90: a fused multiply-add of -0, one rounding)
+    scale = "mul.rn.f16x2 p, p, sc;" if dtype == torch.float16 else "fma.rn.bf16x2 p, p, sc, nz;"
     planes = [f"${i}" for i in range(10, 18)]
     body = ""
     for half, sel in enumerate(("$8", "w")):
         body += _lookup_ptx(sel, planes)
         for j, pair in enumerate(_PAIRS):
             o = 4 * half + 2 * j
-            body += f"\n prmt.b32 p, lo, hi, {pair};\n mul.rn.{kind} p, p, sc;\n mov.b32 {{${o}, ${o + 1}}}, p;"
+            body += f"\n prmt.b32 p, lo, hi, {pair};\n {scale}\n mov.b32 {{${o}, ${o + 1}}}, p;"
         if half == 0:
             body += "\n shr.b32 w, $8, 16;"
-    return "{\n .reg .b32 s, m, a, b, lo, hi, p, w, sc;\n cvt.rn." + kind + ".f32 sc, $9, $9;" + body + "\n}"
+    return ("{\n .reg .b32 s, m, a, b, lo, hi, p, w, sc, nz;\n mov.b32 nz, 0x80008000;\n cvt.rn." + kind
+            + ".f32 sc, $9, $9;" + body + "\n}")
 
 
 def _dot_ptx(x_dtype: torch.dtype) -> str:
@@ -208,7 +212,7 @@ def _dequant_words(word, scale, CODE, planes, DTYPE: tl.constexpr, ASM: tl.const
             w = value.to(tl.float16).to(tl.float32) * s.to(tl.float16).to(tl.float32)
         else:
             w = value * s
-        w = w.to(DTYPE)  # exact for 16-bit DTYPE: w is already representable
+        w = w.to(DTYPE)  # bf16: exact (already rounded); fp16: the product's one rounding, as mul.rn.f16x2
     return w
 
 
@@ -535,6 +539,11 @@ def nf4_matmul_group(x: torch.Tensor, weights, config: Config | None = None) -> 
     return _matmul(x, ops, None, config)
 
 
+@functools.lru_cache(maxsize=None)
+def _compute_capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
 def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | None, config: Config | None
             ) -> list[torch.Tensor]:
     """One launch for ``x`` against 1 to 3 checked weights: the results, views of one buffer."""
@@ -550,7 +559,8 @@ def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | No
     if m == 0:
         return outs
     x2 = x.reshape(m, ops.k)
-    asm = not _device.INTERPRET and x.dtype != torch.float32  # fp32 x: the exact table, looked up per weight
+    # the PTX needs sm_80 (packed bf16 arithmetic); fp32 x takes the exact table, looked up per weight
+    asm = not _device.INTERPRET and x.dtype != torch.float32 and _compute_capability(x.device) >= (8, 0)
     if x2.stride(1) != 1 or (asm and m == 1 and x2.data_ptr() % 4):  # one row: read as 32-bit pairs
         x2 = x2.contiguous() if x2.stride(1) != 1 else x2.clone()
     cfg = config or config_for(m, n, ops.k, ops.blocksize)
