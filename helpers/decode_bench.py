@@ -19,6 +19,9 @@ VARIANTS = ("stock generate", "static cache", "static cache + CUDA graph", "+ fu
             "+ fused rotary & KV write")
 
 
+PROMPT_LEN, NEW_TOKENS = 16, 256  # the ladder's prompt and new tokens at full scale (notebook 07's settings)
+
+
 def _kernels(variant: str) -> dict[str, Callable]:
     """The Decoder hooks of a rung: each rung keeps the kernels of the one before it."""
     from .kernels.nf4_gemv import nf4_linear, nf4_linear_group
@@ -112,7 +115,7 @@ def logits_ok(record: dict, margin: float = 1.5, minimum: float = 2e-2) -> bool:
 
 
 def ladder(model: nn.Module, model_name: str, bytes_per_step: float, bandwidth_gbps: float, *,
-           batch_size: int = 1, prompt_len: int = 16, new_tokens: int = 256, eager_new_tokens: int = 64,
+           batch_size: int = 1, prompt_len: int = PROMPT_LEN, new_tokens: int = NEW_TOKENS, eager_new_tokens: int = 64,
            check_len: int = 80, repeats: int = 3, variants: tuple[str, ...] = VARIANTS, seed: int = 0,
            progress: bool = True) -> list[dict]:
     """Time and check every variant; one record each. A variant's logits error is recorded beside

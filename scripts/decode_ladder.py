@@ -14,8 +14,6 @@ from helpers import bench, decode_bench, require_cuda, results  # first: sets Tr
 from helpers.finetune.generate import decode_bytes_per_token  # noqa: E402
 from helpers.finetune.models import build_model, spec_for  # noqa: E402
 
-PROMPT, NEW, EAGER_NEW, CHECK = 16, 256, 64, 80  # notebook 07's full-scale settings
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -33,10 +31,9 @@ def main() -> None:
     for name in args.models:
         model, _ = build_model(name, torch.device("cuda"), vocab_size=32000, attn="sdpa")
         model.eval()
-        step_bytes = decode_bytes_per_token(spec_for(name, 32000), PROMPT + NEW // 2, lm_head_bytes=2)
-        ladder += decode_bench.ladder(model, name, step_bytes, copy, prompt_len=PROMPT, new_tokens=NEW,
-                                      eager_new_tokens=EAGER_NEW, check_len=CHECK, repeats=args.repeats,
-                                      progress=False)
+        context = decode_bench.PROMPT_LEN + decode_bench.NEW_TOKENS // 2  # the cache mid-way, as notebook 07
+        step_bytes = decode_bytes_per_token(spec_for(name, 32000), context, lm_head_bytes=2)
+        ladder += decode_bench.ladder(model, name, step_bytes, copy, repeats=args.repeats, progress=False)
         del model
         torch.cuda.empty_cache()
     for r in ladder:
