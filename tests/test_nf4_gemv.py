@@ -182,9 +182,20 @@ def test_group_refuses_what_it_cannot_take():
 
 
 # ------------------------------------------------------------------ the GPU's table lookup (PTX)
+def _row_bits(value: float) -> int:
+    """The fp32 pattern the one-row PTX holds for table value ``value``: its top 16 bits free, its low 16
+    bits the sign replicated (0 or 0xffff), and within half a bf16 step of the value: the nearest such."""
+    sign, top = (0xFFFF if value < 0 else 0), _bits32(value) >> 16
+    return min(((t << 16) | sign for t in range(max(top - 2, 0), top + 3)), key=lambda c: abs(_f32(c) - value))
+
+
 def _bits16(dtype):
-    """The 16 nf4 values of bitsandbytes rounded to ``dtype``: their 16-bit patterns."""
-    return (BF.get_4bit_type("nf4", device="cpu").float().to(dtype).view(torch.int16).int() & 0xFFFF).tolist()
+    """The 16 nf4 values of bitsandbytes as the PTX tables hold them: rounded to ``dtype`` (bf16, fp16),
+    or for fp32 the top 16 bits of the one-row table (``_row_bits``)."""
+    code = BF.get_4bit_type("nf4", device="cpu").float()
+    if dtype == torch.float32:
+        return [_row_bits(v) >> 16 for v in code.tolist()]
+    return (code.to(dtype).view(torch.int16).int() & 0xFFFF).tolist()
 
 
 def byte_planes(dtype):
@@ -200,7 +211,8 @@ def _planes_kernel(CODE, OUT, DTYPE: tl.constexpr):
         tl.store(OUT + 4 + i, K._plane(CODE, 4 * i, 1, DTYPE))
 
 
-@pytest.mark.parametrize("dtype,tl_dtype", [(torch.bfloat16, tl.bfloat16), (torch.float16, tl.float16)])
+@pytest.mark.parametrize("dtype,tl_dtype", [(torch.bfloat16, tl.bfloat16), (torch.float16, tl.float16),
+                                            (torch.float32, tl.float32)])
 def test_kernel_builds_the_byte_planes(dtype, tl_dtype):
     code = BF.get_4bit_type("nf4", device=DEV).float()
     out = torch.zeros(8, dtype=torch.int32, device=DEV)
@@ -229,10 +241,6 @@ def _bits32(value: float) -> int:
     return struct.unpack("<I", struct.pack("<f", value))[0]
 
 
-def _f16(bits: int) -> float:
-    return struct.unpack("<e", struct.pack("<H", bits & 0xFFFF))[0]
-
-
 def run_ptx(ptx: str, inputs: dict[str, int]) -> dict[str, int]:
     """Execute ``_dequant_ptx`` / ``_dot_ptx`` on 32-bit register values (``inputs``: operand -> bits).
     The multiplies by the scale are skipped (a scale of 1); fp32 arithmetic in float64, then rounded."""
@@ -259,8 +267,6 @@ def run_ptx(ptx: str, inputs: dict[str, int]) -> dict[str, int]:
             reg[a[0]], reg[a[1]] = val(a[2]) & 0xFFFF, val(a[2]) >> 16
         elif op == "mov.f32":
             reg[a[0]] = val(a[1])
-        elif op == "cvt.f32.f16":
-            reg[a[0]] = _bits32(_f16(val(a[1])))
         elif op == "fma.rn.f32":
             reg[a[0]] = _bits32(_f32(val(a[1])) * _f32(val(a[2])) + _f32(val(a[3])))
         elif op not in SKIPPED and not op.startswith((".reg", "{", "}")) and op:
@@ -292,18 +298,25 @@ def test_dequant_ptx_looks_up_every_code_in_storage_order(dtype):
         assert [out[f"${i}"] for i in range(8)] == [bits[c] for c in _storage_codes(word)]
 
 
+def test_row_table_is_within_half_a_bf16_step():
+    for value, bits in zip(BF.get_4bit_type("nf4", device="cpu").float().tolist(), _bits16(torch.float32)):
+        row = _row_bits(value)
+        assert row >> 16 == bits and row & 0xFFFF == (0xFFFF if value < 0 else 0)
+        step = 2.0 ** (math.floor(math.log2(abs(value))) - 7) if value else 0.0
+        assert abs(_f32(row) - value) <= step / 2
+
+
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
 def test_dot_ptx_sums_the_products_of_a_word(x_dtype):
-    table = [_f16(b) for b in _bits16(torch.float16)]
-    planes = {f"${6 + i}": p for i, p in enumerate(byte_planes(torch.float16))}
-    ptx = K._dot_ptx(x_dtype)
+    table = [_f32(_row_bits(v)) for v in BF.get_4bit_type("nf4", device="cpu").float().tolist()]
+    planes = {f"${10 + i}": p for i, p in enumerate(byte_planes(torch.float32))}
+    ptx = K._dot_ptx()
     gen = torch.Generator().manual_seed(1)
     for word in WORDS[:100]:
-        x = torch.randn(8, generator=gen).to(x_dtype)
-        pairs = (x.view(torch.int16).int() & 0xFFFF).tolist()
-        xin = {f"${2 + j}": pairs[2 * j] | pairs[2 * j + 1] << 16 for j in range(4)}
+        x = torch.randn(8, generator=gen).to(x_dtype).double()
+        xin = {f"${2 + j}": _bits32(v) for j, v in enumerate(x.tolist())}
         out = _f32(run_ptx(ptx, {"$1": word, **xin, **planes})["$0"])
-        expect = sum(table[c] * float(v) for c, v in zip(_storage_codes(word), x.double()))
+        expect = sum(table[c] * v for c, v in zip(_storage_codes(word), x.tolist()))
         assert out == pytest.approx(expect, rel=1e-5, abs=1e-6)
 
 

@@ -31,15 +31,20 @@ codes each, and the tile's scales. The instruction budget is tight: at the H200'
 retire a weight in about 4 instructions. A table lookup through memory costs about 5 per weight
 (extract the nibble, form a 64-bit address, load), and measured 8-18% of the copy bandwidth. So on
 the GPU the codes are decoded in registers by a few lines of PTX (``_lookup_ptx``): ``prmt`` selects
-bytes by 4-bit indices, which makes it a table lookup for four codes at once, 25 instructions for the
+bytes by 4-bit indices, which makes it a table lookup for four codes at once, 19 instructions for the
 eight weights of a word (the 16-entry table rides along in eight registers as byte planes). Then:
 
-* M = 1: fp32 multiply-adds on the CUDA cores, still inside the PTX (``_dot_ptx``: the table in fp16,
-  x read as pairs, one fp32 sum per word); each block's sum is multiplied by its scale once.
-* 1 < M <= ``MAX_M``: the weights times their scale in x's dtype (``_dequant_ptx``: one packed multiply
-  per pair; the table rounded to x's dtype, so a weight may differ from ``dequantize_4bit``'s by one
-  rounding) fed to ``tl.dot`` (tensor cores; M padded to 16, 32 or 64 rows), fp32 accumulation: at
-  16 rows a CUDA-core loop would need ~300 TFLOP/s of fp32 to keep up with HBM.
+* M = 1, bf16 or fp32 x: fp32 multiply-adds on the CUDA cores, still inside the PTX (``_dot_ptx``, one
+  fp32 sum per word; each block's sum is multiplied by its scale once). A weight becomes an fp32 in one
+  more ``prmt``: its 16 looked-up bits on top and the sign byte replicated below (``_row_value``: the
+  table to within half a bf16 step, the precision of the bf16 result). x is widened to fp32 where it
+  is loaded, once per value, not once per use. The compiled loop (sm_90): 5.6-6.1 instructions per
+  weight, against 6.5-7.7 with an fp16 table and x widened per use.
+* 1 < M <= ``MAX_M``, and one fp16 row: the weights times their scale in x's dtype (``_dequant_ptx``:
+  one packed multiply per pair; the table rounded to x's dtype, so a weight may differ from
+  ``dequantize_4bit``'s by one rounding) fed to ``tl.dot`` (tensor cores; M padded to 16, 32 or 64
+  rows), fp32 accumulation: at 16 rows a CUDA-core loop would need ~300 TFLOP/s of fp32 to keep up
+  with HBM.
 
 In the Triton interpreter (no PTX), on GPUs before sm_80 and for fp32 x the same arithmetic runs as a
 lookup per weight (with the PTX's roundings for 16-bit x; the exact fp32 table for fp32 x).
@@ -75,30 +80,41 @@ DOT_FP32 = _device.INTERPRET  # the interpreter's tl.dot mishandles bf16 operand
 
 
 # ----------------------------------------------------------------------------------------- kernels
-def _lookup_ptx(sel: str, planes: list[str]) -> str:
-    """PTX: the table values of the four 4-bit codes in the low 16 bits of register ``sel``, as 16-bit
-    patterns split in two registers, ``lo`` (their low bytes) and ``hi`` (their high bytes). Output byte
-    i holds the value of nibble i: for a little-endian word of codes, elements 1, 0, 3, 2.
+def _lookup_ptx(word: str, planes: list[str], use) -> str:
+    """PTX that looks up the table values of the eight 4-bit codes of register ``word``, four at a time:
+    for each half (0: the low 16 bits), the values as 16-bit patterns split in two registers, ``lo``
+    (their low bytes) and ``hi`` (their high bytes), followed by the PTX ``use(half)``. Byte j of ``lo``
+    and ``hi`` holds the value of nibble j of the half: elements ``_NIBBLE_ELEMENT`` (+ 4 for half 1).
 
-    ``prmt`` picks one byte of 8 by each nibble's low 3 bits, so the bytes of entries 0-7 and of
-    entries 8-15 are looked up separately and merged by each nibble's bit 3 (a byte mask made by one more
-    ``prmt``; ``lop3`` 0xd8 is ``(a & ~m) | (b & m)``). ``planes``: the table as eight byte planes
-    (see ``_plane``)."""
-    return f"""
- and.b32 s, {sel}, 0x7777;
- shr.b32 m, {sel}, 1;
- and.b32 m, m, 0x4444;
- prmt.b32 m, 0, 0xffffffff, m;
+    ``prmt`` picks one byte of 8 by each nibble's low 3 bits (``s``), so the bytes of entries 0-7 and of
+    entries 8-15 are looked up separately and merged by each nibble's bit 3 (``t``; a byte mask ``m``
+    made by one more ``prmt``; ``lop3`` 0xd8 is ``(a & ~m) | (b & m)``). ``prmt`` reads the low 16 bits
+    of its selector, so the second half is the first shifted. ``planes``: the table as eight byte
+    planes (see ``_plane``). Registers: s, t, m, a, b, lo, hi."""
+    body = f"""
+ and.b32 s, {word}, 0x77777777;
+ shr.b32 t, {word}, 1;
+ and.b32 t, t, 0x44444444;"""
+    for half in range(2):
+        if half:
+            body += "\n shr.b32 s, s, 16;\n shr.b32 t, t, 16;"
+        body += f"""
+ prmt.b32 m, 0, 0xffffffff, t;
  prmt.b32 a, {planes[0]}, {planes[1]}, s;
  prmt.b32 b, {planes[2]}, {planes[3]}, s;
  lop3.b32 lo, a, b, m, 0xd8;
  prmt.b32 a, {planes[4]}, {planes[5]}, s;
  prmt.b32 b, {planes[6]}, {planes[7]}, s;
- lop3.b32 hi, a, b, m, 0xd8;"""
+ lop3.b32 hi, a, b, m, 0xd8;""" + use(half)
+    return body
 
 
+_NIBBLE_ELEMENT = (1, 0, 3, 2)  # nibble j of a little-endian 16-bit half holds element _NIBBLE_ELEMENT[j]
 # prmt selectors that pair the looked-up bytes into two 16-bit values in storage order
 _PAIRS = ("0x4051", "0x6273")  # elements (0, 1) and (2, 3) of the four
+# prmt selectors that make an fp32 of looked-up value j: its 16 bits on top, the low 16 bits the sign of
+# the value replicated (0 for a value >= 0, 0xffff below; ``_row_value`` makes the table for that)
+_F32 = ("0x40cc", "0x51dd", "0x62ee", "0x73ff")
 
 
 def _dequant_ptx(dtype: torch.dtype) -> str:
@@ -109,45 +125,32 @@ def _dequant_ptx(dtype: torch.dtype) -> str:
     kind = {torch.bfloat16: "bf16x2", torch.float16: "f16x2"}[dtype]
     # the scale: one packed multiply (bf16x2 has no mul before sm_90: a fused multiply-add of -0, one rounding)
     scale = "mul.rn.f16x2 p, p, sc;" if dtype == torch.float16 else "fma.rn.bf16x2 p, p, sc, nz;"
-    planes = [f"${i}" for i in range(10, 18)]
-    body = ""
-    for half, sel in enumerate(("$8", "w")):
-        body += _lookup_ptx(sel, planes)
-        for j, pair in enumerate(_PAIRS):
-            o = 4 * half + 2 * j
-            body += f"\n prmt.b32 p, lo, hi, {pair};\n {scale}\n mov.b32 {{${o}, ${o + 1}}}, p;"
-        if half == 0:
-            body += "\n shr.b32 w, $8, 16;"
-    return ("{\n .reg .b32 s, m, a, b, lo, hi, p, w, sc, nz;\n mov.b32 nz, 0x80008000;\n cvt.rn." + kind
-            + ".f32 sc, $9, $9;" + body + "\n}")
+
+    def store(half: int) -> str:
+        return "".join(f"\n prmt.b32 p, lo, hi, {pair};\n {scale}\n mov.b32 {{${4 * half + 2 * j}, "
+                       f"${4 * half + 2 * j + 1}}}, p;" for j, pair in enumerate(_PAIRS))
+
+    return ("{\n .reg .b32 s, t, m, a, b, lo, hi, p, sc, nz;\n mov.b32 nz, 0x80008000;\n cvt.rn." + kind
+            + ".f32 sc, $9, $9;" + _lookup_ptx("$8", [f"${i}" for i in range(10, 18)], store) + "\n}")
 
 
-def _dot_ptx(x_dtype: torch.dtype) -> str:
+def _dot_ptx() -> str:
     """PTX for the one-row path: ``$0`` (fp32) = the sum of the eight products of one word of codes
-    (``$1``) and the eight x values of its columns (``$2`` ... ``$5``: pairs, ``x_dtype`` fp16 or bf16),
-    in fp32 multiply-adds, in storage order; ``$6`` ... ``$13``: the table in fp16 (byte planes)."""
-    planes = [f"${i}" for i in range(6, 14)]
-    if x_dtype == torch.bfloat16:  # bf16 -> fp32: the 16 bits moved up
-        widen_x = " shl.b32 xa, {x}, 16;\n and.b32 xb, {x}, 0xffff0000;"
-    else:
-        widen_x = " mov.b32 {{h0, h1}}, {x};\n cvt.f32.f16 xa, h0;\n cvt.f32.f16 xb, h1;"
-    body = ""
-    for half, sel in enumerate(("$1", "w")):
-        body += _lookup_ptx(sel, planes)
-        for j, pair in enumerate(_PAIRS):
-            body += (f"\n prmt.b32 p, lo, hi, {pair};\n mov.b32 {{h0, h1}}, p;\n cvt.f32.f16 wa, h0;"
-                     f"\n cvt.f32.f16 wb, h1;\n" + widen_x.format(x=f"${2 + 2 * half + j}")
-                     + "\n fma.rn.f32 acc, wa, xa, acc;\n fma.rn.f32 acc, wb, xb, acc;")
-        if half == 0:
-            body += "\n shr.b32 w, $1, 16;"
-    return ("{\n .reg .b32 s, m, a, b, lo, hi, p, w;\n .reg .b16 h0, h1;\n .reg .f32 wa, wb, xa, xb, acc;"
-            "\n mov.f32 acc, 0f00000000;" + body + "\n mov.f32 $0, acc;\n}")
+    (``$1``) and the eight x values of its columns (``$2`` ... ``$9``, fp32, in storage order), in fp32
+    multiply-adds; ``$10`` ... ``$17``: the table as ``_row_value`` makes it (byte planes of its top 16
+    bits). A product costs one ``prmt`` (the weight as fp32) and one ``fma``."""
+
+    def multiply_add(half: int) -> str:
+        return "".join(f"\n prmt.b32 p, lo, hi, {sel};\n fma.rn.f32 acc, p, ${2 + 4 * half + _NIBBLE_ELEMENT[j]}, "
+                       "acc;" for j, sel in enumerate(_F32))
+
+    return ("{\n .reg .b32 s, t, m, a, b, lo, hi, p;\n .reg .f32 acc;\n mov.f32 acc, 0f00000000;"
+            + _lookup_ptx("$1", [f"${i}" for i in range(10, 18)], multiply_add) + "\n mov.f32 $0, acc;\n}")
 
 
 _PTX_BF16 = tl.constexpr(_dequant_ptx(torch.bfloat16))
 _PTX_FP16 = tl.constexpr(_dequant_ptx(torch.float16))
-_DOT_BF16 = tl.constexpr(_dot_ptx(torch.bfloat16))
-_DOT_FP16 = tl.constexpr(_dot_ptx(torch.float16))
+_DOT = tl.constexpr(_dot_ptx())
 
 
 @triton.jit
@@ -160,14 +163,27 @@ def _round_to_bf16(v):
 
 
 @triton.jit
+def _row_value(v):
+    """The fp32 the one-row PTX makes of table value ``v``: 16 bits chosen here on top, and below them
+    0x0000 for v >= 0 (v rounded to bf16) or 0xffff for v < 0 (the nearest such fp32): within half a
+    bf16 step of v either way."""
+    bits = v.to(tl.int32, bitcast=True)
+    bits = tl.where(bits >= 0, (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536, ((bits - 0x7FFF) & -65536) | 0xFFFF)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _plane(CODE, FIRST: tl.constexpr, HIGH: tl.constexpr, DTYPE: tl.constexpr):
     """One byte plane of the table for the PTX: the low (HIGH=0) or high byte of entries FIRST ... FIRST+3,
-    rounded to DTYPE, in bytes 0 ... 3 of an int32 (kept in a register through the loop)."""
+    in bytes 0 ... 3 of an int32 (kept in a register through the loop). The entries rounded to DTYPE
+    (bf16, fp16), or for DTYPE fp32 the top 16 bits of ``_row_value``."""
     word = 0
     for j in tl.static_range(4):
         v = tl.load(CODE + FIRST + j)
         if DTYPE == tl.bfloat16:
             bits = _round_to_bf16(v).to(tl.int32, bitcast=True) >> 16
+        elif DTYPE == tl.float32:
+            bits = _row_value(v).to(tl.int32, bitcast=True) >> 16
         else:
             bits = v.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
         word = word | (((bits >> (8 * HIGH)) & 0xFF) << (8 * j))
@@ -217,18 +233,39 @@ def _dequant_words(word, scale, CODE, planes, DTYPE: tl.constexpr, ASM: tl.const
 
 
 @triton.jit
-def _dot_words(word, x0, x1, x2, x3, planes, DTYPE: tl.constexpr):
+def _dot_words(word, x, planes):
     """Per word of codes ([BLOCK_N, G, WPB] int32), through ``_dot_ptx``: the fp32 sum of its eight table
-    values times x (``x0`` ... ``x3``: int32 pairs of x's 16-bit values in DTYPE, [1, G, WPB]), unscaled."""
+    values times x (``x``: the eight fp32 x values of the word's columns, each [1, G, WPB]), unscaled."""
+    x0, x1, x2, x3, x4, x5, x6, x7 = x
     p0, p1, p2, p3, p4, p5, p6, p7 = planes
-    args = [word, x0, x1, x2, x3, p0, p1, p2, p3, p4, p5, p6, p7]
-    if DTYPE == tl.bfloat16:
-        out = tl.inline_asm_elementwise(_DOT_BF16, "=f,r,r,r,r,r" + ",r" * 8, args, dtype=tl.float32,
-                                        is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(_DOT, "=f,r" + ",f" * 8 + ",r" * 8,
+                                     [word, x0, x1, x2, x3, x4, x5, x6, x7, p0, p1, p2, p3, p4, p5, p6, p7],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _widen(v):
+    """16-bit floats to fp32 through PTX, so the conversion stays where it is written: the compiler moves
+    a cast to after a change of layout (where it would run once per use instead of once per value)."""
+    if v.dtype == tl.bfloat16:  # the 16 bits moved up (cvt.f32.bf16 needs sm_90)
+        out = tl.inline_asm_elementwise("{ .reg .b16 z; mov.b16 z, 0; mov.b32 $0, {z, $1}; }", "=f,h", [v],
+                                        dtype=tl.float32, is_pure=True, pack=1)
     else:
-        out = tl.inline_asm_elementwise(_DOT_FP16, "=f,r,r,r,r,r" + ",r" * 8, args, dtype=tl.float32,
-                                        is_pure=True, pack=1)
+        out = tl.inline_asm_elementwise("cvt.f32.f16 $0, $1;", "=f,h", [v], dtype=tl.float32, is_pure=True, pack=1)
     return out
+
+
+@triton.jit
+def _split8(v):
+    """The eight values of [..., 2, 2, 2] (see ``_join8``) in order, each [...]."""
+    a, b = tl.split(v)
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    v0, v4 = tl.split(a0)
+    v2, v6 = tl.split(a1)
+    v1, v5 = tl.split(b0)
+    v3, v7 = tl.split(b1)
+    return v0, v1, v2, v3, v4, v5, v6, v7
 
 
 @triton.jit
@@ -246,7 +283,7 @@ def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
     G: tl.constexpr = BLOCK_K // QB    # quantisation blocks per chunk
     WPB: tl.constexpr = QB // 8        # 32-bit words of codes per quantisation block
     DTYPE: tl.constexpr = X.dtype.element_ty
-    PLANES: tl.constexpr = tl.float16 if BLOCK_M == 1 else DTYPE  # the table's format in the PTX
+    PLANES: tl.constexpr = tl.float32 if BLOCK_M == 1 else DTYPE  # the table's format in the PTX
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     tile, rows, first_row = pid_n, N_0, 0  # this program's tile of its weight, the weight's rows, its first row
@@ -279,8 +316,7 @@ def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
     # one row of x in the order of _join8's values: [G, WPB, 2, 2, 2] -> element 4c + 2d + e of a word
     x_cols = ((rg * QB)[:, None, None, None, None] + (rw * 8)[None, :, None, None, None]
               + (4 * r2)[None, None, :, None, None] + (2 * r2)[None, None, None, :, None] + r2[None, None, None, None, :])
-    xp_cols = ((rg * (QB // 2))[:, None, None] + (rw * 4)[None, :, None] + tl.arange(0, 4)[None, None, :])
-    acc_row = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_row = tl.zeros([BLOCK_N, G], dtype=tl.float32)  # per quantisation block of the chunk: summed at the end
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     first = pid_k * chunks_per_split
     last = tl.minimum(first + chunks_per_split, tl.cdiv(K, BLOCK_K))
@@ -299,22 +335,17 @@ def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
         else:
             scale = tl.load(ABSMAX + s_idx, mask=s_mask, other=0.0).to(tl.float32)
         if BLOCK_M == 1:  # CUDA cores: fp32 multiply-adds, each block summed, then scaled once
-            if ASM:  # x as int32 pairs of 16-bit values, four per word of codes
-                xp = tl.load(X.to(tl.pointer_type(tl.int32)) + (c * BLOCK_K) // 2 + xp_cols,
-                             mask=g_ok[:, None, None], other=0)
-                even, odd = tl.split(tl.reshape(xp, [G, WPB, 2, 2]))
-                x0, x2 = tl.split(even)
-                x1, x3 = tl.split(odd)
-                per_word = _dot_words(word, x0[None, :, :], x1[None, :, :], x2[None, :, :], x3[None, :, :], planes,
-                                      DTYPE)
-            else:  # a lookup per weight; the table rounded to fp16 for 16-bit x, as the PTX has it
+            xv = tl.load(X + c * BLOCK_K + x_cols, mask=g_ok[:, None, None, None, None], other=0.0)
+            if ASM:  # x to fp32 in the layout it was loaded in (a plain cast would be moved after the broadcast)
+                x0, x1, x2, x3, x4, x5, x6, x7 = _split8(_widen(xv))
+                per_word = _dot_words(word, (x0[None], x1[None], x2[None], x3[None], x4[None], x5[None], x6[None],
+                                             x7[None]), planes)
+            else:  # a lookup per weight; for 16-bit x the table the PTX makes
                 value = tl.load(CODE + _codes(word))
                 if DTYPE != tl.float32:
-                    value = value.to(tl.float16).to(tl.float32)
-                xv = tl.load(X + c * BLOCK_K + x_cols, mask=g_ok[:, None, None, None, None], other=0.0)
-                per_word = tl.sum(tl.sum(tl.sum(value * xv.to(tl.float32)[None, :, :, :, :, :], axis=5), axis=4),
-                                  axis=3)
-            acc_row += tl.sum(tl.sum(per_word, axis=2) * scale, axis=1)
+                    value = _row_value(value)
+                per_word = tl.sum(tl.sum(tl.sum(value * xv.to(tl.float32)[None, :, :, :, :, :], axis=5), axis=4), axis=3)
+            acc_row += tl.sum(per_word, axis=2) * scale
         else:  # tensor cores: the scaled weights in x's dtype, M padded to BLOCK_M rows
             w = _dequant_words(word, tl.broadcast_to(scale[:, :, None], [BLOCK_N, G, WPB]), CODE, planes, DTYPE, ASM)
             w = tl.reshape(w, [BLOCK_N, BLOCK_K])
@@ -324,7 +355,7 @@ def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
                 w, xv = w.to(tl.float32), xv.to(tl.float32)
             acc = tl.dot(xv, tl.trans(w), acc, input_precision=PRECISION)
     if BLOCK_M == 1:
-        acc = acc_row[None, :]
+        acc = tl.sum(acc_row, axis=1)[None, :]
     out_offs = M * first_row + rm[:, None] * rows + rn[None, :]  # this weight's (M, N_i) block
     out_mask = m_ok[:, None] & n_ok[None, :]
     if PARTIAL:
@@ -380,16 +411,18 @@ class Config:
 _TABLE = {1: (32, 512, 4), 16: (64, 256, 4), 32: (64, 256, 4), 64: (64, 128, 8)}
 
 
-def _block_m(m: int) -> int:
-    """Rows of x one program holds: 1 on the CUDA-core path, else M padded for ``tl.dot``."""
-    return 1 if m == 1 else max(16, triton.next_power_of_2(m))
+def _block_m(m: int, dtype: torch.dtype) -> int:
+    """Rows of x one program holds: 1 on the CUDA-core path (one row of bf16 or fp32 x), else M padded
+    for ``tl.dot``. One fp16 row takes the tensor cores too: the one-row table holds bf16 precision
+    (``_row_value``), which an fp16 result would show."""
+    return 1 if m == 1 and dtype != torch.float16 else max(16, triton.next_power_of_2(m))
 
 
-def config_for(m: int, n: int, k: int, blocksize: int = 64) -> Config:
-    """The default launch shape for M rows of x against an (N, K) weight: the table above, ``block_k``
+def config_for(m: int, n: int, k: int, blocksize: int = 64, dtype: torch.dtype = torch.bfloat16) -> Config:
+    """The default launch shape for M rows of x (``dtype``) against an (N, K) weight: the table above, ``block_k``
     cut to K (rounded up to a power of two) and at least ``blocksize``, and K split (up to ``MAX_SPLIT``
     ways) while the grid has fewer than ``MIN_PROGRAMS`` programs and each slice keeps two chunks."""
-    block_n, block_k, warps = _TABLE[_block_m(max(1, min(m, MAX_M)))]
+    block_n, block_k, warps = _TABLE[_block_m(max(1, min(m, MAX_M)), dtype)]
     block_k = max(min(block_k, triton.next_power_of_2(k)), blocksize)
     split, programs, chunks = 1, triton.cdiv(n, block_n), triton.cdiv(k, block_k)
     while programs * split < MIN_PROGRAMS and split < MAX_SPLIT and chunks >= 4 * split:
@@ -561,9 +594,9 @@ def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | No
     x2 = x.reshape(m, ops.k)
     # the PTX needs sm_80 (packed bf16 arithmetic); fp32 x takes the exact table, looked up per weight
     asm = not _device.INTERPRET and x.dtype != torch.float32 and _compute_capability(x.device) >= (8, 0)
-    if x2.stride(1) != 1 or (asm and m == 1 and x2.data_ptr() % 4):  # one row: read as 32-bit pairs
-        x2 = x2.contiguous() if x2.stride(1) != 1 else x2.clone()
-    cfg = config or config_for(m, n, ops.k, ops.blocksize)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    cfg = config or config_for(m, n, ops.k, ops.blocksize, x.dtype)
     if cfg.block_k % ops.blocksize:
         raise ValueError(f"Config.block_k = {cfg.block_k} must be a multiple of the weight's blocksize "
                          f"{ops.blocksize}")
@@ -583,7 +616,7 @@ def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | No
         x2, w0[0], ops.code, w0[1], w0[2], ops.nested_code if nested else ops.absmax, w0[3],
         bias if bias is not None else x2, target, *more[0], *more[1],
         m, n, ns[0], ns[1] if len(ns) > 1 else 0, ops.k, x2.stride(0), per_split,
-        QB=ops.blocksize, NESTED_QB=ops.nested_blocksize, BLOCK_M=_block_m(m), BLOCK_N=cfg.block_n,
+        QB=ops.blocksize, NESTED_QB=ops.nested_blocksize, BLOCK_M=_block_m(m, x.dtype), BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, NESTED=nested, HAS_BIAS=bias is not None, PARTIAL=split > 1, WEIGHTS=len(weights),
         ASM=asm, DOT_FP32=DOT_FP32, STAGES=cfg.num_stages,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32 x: full-precision products
