@@ -38,9 +38,8 @@ def decoder(model: nn.Module, variant: str, max_len: int, batch_size: int = 1) -
     """The ``Decoder`` of a ladder step (every step but the stock one)."""
     if variant not in VARIANTS[1:]:
         raise ValueError(f"variant must be one of {VARIANTS[1:]}, got {variant!r}")
-    graph = variant != "static cache"
-    if graph and not torch.cuda.is_available():
-        graph = False  # smoke scale on a CPU: the same code without the graph
+    # a model on the CPU (smoke scale) runs the same code without the graph
+    graph = variant != "static cache" and next(model.parameters()).device.type == "cuda"
     return Decoder(model, max_len, batch_size, graph=graph, **_kernels(variant))
 
 

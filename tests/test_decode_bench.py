@@ -8,10 +8,12 @@ from helpers.finetune import kernels_step
 from helpers.finetune.data import TokenizedData, standin_texts, train_tokenizer
 from helpers.finetune.models import build_model
 
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
 
 @pytest.fixture(scope="module")
 def model():
-    model, _ = build_model("tiny", "cpu", vocab_size=128, seed=0)
+    model, _ = build_model("tiny", DEV, vocab_size=128, seed=0)
     return model.eval()
 
 
@@ -59,7 +61,7 @@ def tiny_data():
 
 
 def test_training_step_comparison_records_both_variants(tiny_data):
-    data, device = tiny_data, torch.device("cpu")
+    data, device = tiny_data, DEV
     runs = {v: kernels_step.train("tiny", v, 2, data, device, steps=3, warmup_steps=1) for v in kernels_step.VARIANTS}
     (stock, stock_losses, stock_grads), (course, course_losses, course_grads) = runs["stock"], runs["course"]
     assert course["replaced"] == "attention: course, rms_norm_modules: 5" and stock["replaced"] == "nothing"
@@ -75,7 +77,7 @@ def test_training_step_comparison_records_both_variants(tiny_data):
 
 
 def test_a_reused_build_trains_as_a_new_one(tiny_data):
-    data, device = tiny_data, torch.device("cpu")
+    data, device = tiny_data, DEV
     fresh = kernels_step.train("tiny", "course", 2, data, device, steps=3, warmup_steps=1)
     built = kernels_step.build("tiny", "course", data, device)
     kernels_step.train("tiny", "course", 4, data, device, steps=3, warmup_steps=1, built=built)  # moves the adapters
@@ -87,7 +89,7 @@ def test_a_reused_build_trains_as_a_new_one(tiny_data):
 def test_warm_up_runs_one_batch_per_tuning_bucket_and_multiple_of_16():
     texts = standin_texts(8)
     data = TokenizedData([[5] * 8] * 8, 128, "test", "test", [len(t) for t in texts])
-    model, _ = kernels_step.build("tiny", "course", data, torch.device("cpu"))
+    model, _ = kernels_step.build("tiny", "course", data, DEV)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
     def batch(width: int) -> dict:
@@ -95,6 +97,6 @@ def test_warm_up_runs_one_batch_per_tuning_bucket_and_multiple_of_16():
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
 
     # widths 20 and 24 share a class (bucket 32, not a multiple of 16); 32 and 40 open two more
-    assert kernels_step.warm_up(model, [batch(w) for w in (20, 24, 32, 40)], torch.device("cpu")) == 3
+    assert kernels_step.warm_up(model, [batch(w) for w in (20, 24, 32, 40)], DEV) == 3
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if p.requires_grad)

@@ -269,13 +269,26 @@ def _split8(v):
 
 
 @triton.jit
+def _load_chunk(w_rows, ABSMAX, s_rows, n_ok, c, last, groups, rg, rw, G: tl.constexpr, WPB: tl.constexpr):
+    """Chunk ``c``'s words of codes [BLOCK_N, G, WPB] and its raw scales [BLOCK_N, G] (uint8 codes of
+    nested statistics, else the stored absmax); nothing (zeros) for ``c >= last``."""
+    g = c * G + rg
+    ok = g < tl.minimum(groups, last * G)  # chunks from ``last`` on: masked off
+    word = tl.load(w_rows + (g * WPB)[None, :, None] + rw[None, None, :], mask=n_ok[:, None, None] & ok[None, :, None],
+                   other=0)
+    raw = tl.load(ABSMAX + s_rows + g[None, :], mask=n_ok[:, None] & ok[None, :], other=0)
+    return word, raw
+
+
+@triton.jit
 def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
                        W_1, ABSMAX_1, ABSMAX2_1, OFFSET_1, W_2, ABSMAX_2, ABSMAX2_2, OFFSET_2,
                        M, N, N_0, N_1, K, stride_xm, chunks_per_split,
                        QB: tl.constexpr, NESTED_QB: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        NESTED: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, WEIGHTS: tl.constexpr,
-                       ASM: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
+                       ASM: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
+                       PREFETCH: tl.constexpr):
     """OUT[m, n] = sum_k X[m, k] * W[n, k] over this program's K slice (see the module docstring).
     WEIGHTS (1 to 3) weights of N_0, N_1 and N - N_0 - N_1 rows, one launch: the first programs along
     axis 0 take W, the next W_1, then W_2; weight i's result is an (M, N_i) block of OUT after the
@@ -320,20 +333,24 @@ def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     first = pid_k * chunks_per_split
     last = tl.minimum(first + chunks_per_split, tl.cdiv(K, BLOCK_K))
+    if PREFETCH:
+        word_next, raw_next = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, first, last, groups, rg, rw, G, WPB)
     for c in tl.range(first, last, num_stages=STAGES):
         g = c * G + rg                 # block index along the row, [G]
         g_ok = g < groups
-        word = tl.load(w_rows + (g * WPB)[None, :, None] + rw[None, None, :],
-                       mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)   # [BLOCK_N, G, WPB]
+        if PREFETCH:  # this chunk's words and scales were loaded in the last step; load the next one's
+            word, raw = word_next, raw_next
+            word_next, raw_next = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, c + 1, last, groups, rg, rw, G, WPB)
+        else:
+            word, raw = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, c, last, groups, rg, rw, G, WPB)
         s_mask = n_ok[:, None] & g_ok[None, :]
         s_idx = s_rows + g[None, :]
         if NESTED:
-            q = tl.load(ABSMAX + s_idx, mask=s_mask, other=0)
-            scale = tl.load(CODE2 + q.to(tl.int32)) * tl.load(ABSMAX2 + s_idx // NESTED_QB, mask=s_mask,
-                                                              other=0.0)
+            scale = tl.load(CODE2 + raw.to(tl.int32)) * tl.load(ABSMAX2 + s_idx // NESTED_QB, mask=s_mask,
+                                                                other=0.0)
             scale = scale + offset
         else:
-            scale = tl.load(ABSMAX + s_idx, mask=s_mask, other=0.0).to(tl.float32)
+            scale = raw.to(tl.float32)
         if BLOCK_M == 1:  # CUDA cores: fp32 multiply-adds, each block summed, then scaled once
             xv = tl.load(X + c * BLOCK_K + x_cols, mask=g_ok[:, None, None, None, None], other=0.0)
             if ASM:  # x to fp32 in the layout it was loaded in (a plain cast would be moved after the broadcast)
@@ -393,6 +410,7 @@ class Config:
     num_warps: int
     split_k: int = 1
     num_stages: int = 1
+    prefetch: bool = False
 
     def __post_init__(self):
         check_powers_of_two(self, "block_n", "block_k", "num_warps")
@@ -618,7 +636,7 @@ def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | No
         m, n, ns[0], ns[1] if len(ns) > 1 else 0, ops.k, x2.stride(0), per_split,
         QB=ops.blocksize, NESTED_QB=ops.nested_blocksize, BLOCK_M=_block_m(m, x.dtype), BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, NESTED=nested, HAS_BIAS=bias is not None, PARTIAL=split > 1, WEIGHTS=len(weights),
-        ASM=asm, DOT_FP32=DOT_FP32, STAGES=cfg.num_stages,
+        ASM=asm, DOT_FP32=DOT_FP32, STAGES=cfg.num_stages, PREFETCH=cfg.prefetch,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32 x: full-precision products
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
