@@ -24,12 +24,12 @@ import triton  # noqa: E402
 from helpers.decode_bench import LLAMA_7B_SHAPES, nf4_gemv_bytes, nf4_weights  # noqa: E402
 from helpers.kernels.nf4_gemv import Config, config_for, nf4_matmul, nf4_operands  # noqa: E402
 
-# one pipeline stage only: three stages were never among the fastest on the H200 (commit 50d98ec's run);
+# one pipeline stage only: three stages were never among the fastest on the H200 (commits 50d98ec, 40fe7c8);
 # long K tiles without a split save the partial sums' second kernel
-GRID = {1: {"block_n": (32, 64, 128), "block_k": (256, 512, 1024), "num_warps": (4, 8), "split_k": (1, 2, 4),
-            "num_stages": (1,)},
+GRID = {1: {"block_n": (32, 64, 128), "block_k": (256, 512), "num_warps": (4, 8), "split_k": (1, 2, 4),
+            "num_stages": (1,), "prefetch": (False, True)},
         16: {"block_n": (32, 64), "block_k": (128, 256), "num_warps": (4, 8), "split_k": (1, 2, 4),
-             "num_stages": (1,)}}
+             "num_stages": (1,), "prefetch": (False,)}}
 TOLERANCE = 2e-2  # max error / max |y| against float64: a few bf16 roundings
 # the decoder's grouped launches (nf4_matmul_group) cover these row counts in one grid
 SHAPES = {**LLAMA_7B_SHAPES, "q, k, v in one launch (12288 x 4096)": (12288, 4096),
@@ -67,7 +67,7 @@ def main() -> None:
                     raise RuntimeError(f"{label}, {rows} rows, {cfg}: max error {error:.3g} of max |y|")
                 ms = bench.time_in_graph([lambda o=o, cfg=cfg: nf4_matmul(x, o, config=cfg) for o in ops]).ms
                 timed.append((ms, str(cfg)))
-                tile = (cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages)
+                tile = (cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, cfg.prefetch)
                 best = tile_times[rows].setdefault(tile, {})
                 best[label] = min(ms, best.get(label, ms))  # the tile's fastest split on this shape
             timed.sort()
@@ -85,7 +85,7 @@ def main() -> None:
         print(f"\n{rows} row(s): one tile for every shape (its best split on each), worst slowdown against each "
               "shape's fastest:")
         for tile, worst in sorted(slowdown.items(), key=lambda kv: kv[1])[:args.top]:
-            print(f"  (block_n, block_k, num_warps, num_stages) = {tile}: {100 * (worst - 1):.0f}% slower at worst")
+            print(f"  (block_n, block_k, num_warps, num_stages, prefetch) = {tile}: {100 * (worst - 1):.0f}% slower at worst")
 
 
 if __name__ == "__main__":

@@ -38,9 +38,11 @@ def test_a_variant_with_the_course_kernels_uses_them(model, monkeypatch):
     monkeypatch.setattr(nf4_gemv, "nf4_linear", counted("nf4", nf4_gemv.nf4_linear))
     monkeypatch.setattr(nf4_gemv, "nf4_linear_group", counted("nf4 group", nf4_gemv.nf4_linear_group))
     monkeypatch.setattr(rms_norm, "rms_norm", counted("norm", rms_norm.rms_norm))
-    decode_bench.decoder(model, "+ fused rotary & KV write", 4).step(torch.tensor([5]))
+    decode_bench.decoder(model, "+ fused rotary & KV write", 4).step(torch.tensor([5], device=DEV))
     layers = model.config.num_hidden_layers
-    assert calls == {"nf4": 2 * layers, "nf4 group": 2 * layers, "norm": 2 * layers + 1}  # (q, k, v), (gate, up)
+    runs = calls["norm"] // (2 * layers + 1)  # a step on the GPU is run more than once: warm-up, graph capture
+    assert runs >= 1 and calls == {"nf4": 2 * layers * runs, "nf4 group": 2 * layers * runs,  # (q, k, v), (gate, up)
+                                   "norm": (2 * layers + 1) * runs}
     with pytest.raises(ValueError, match="variant"):
         decode_bench.decoder(model, "stock generate", 4)
 

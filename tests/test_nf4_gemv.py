@@ -73,6 +73,8 @@ CONFIGS = [  # several chunks per program, split K (even and uneven), wide and n
     K.Config(64, 128, 4, split_k=2),
     K.Config(16, 64, 2, split_k=3),
     K.Config(32, 512, 4, split_k=4),
+    K.Config(16, 64, 4, split_k=3, prefetch=True),  # loads one chunk ahead, over uneven slices
+    K.Config(32, 64, 2, prefetch=True),
 ]
 
 

@@ -401,9 +401,9 @@ def _sum_splits_kernel(PART, BIAS, OUT, MN, N, SPLIT_K, HAS_BIAS: tl.constexpr, 
 class Config:
     """How a launch is cut: ``block_n`` outputs per program, ``block_k`` elements of K per loop step
     (a multiple of the weight's blocksize), ``num_warps``, ``split_k`` slices of K run by separate
-    programs (then summed by a second kernel), and ``num_stages``: 1 loads each chunk when it is
-    needed; more prefetch the next chunks' words and x through shared memory (asynchronous copies),
-    which keeps more bytes in flight for more instructions per chunk."""
+    programs (then summed by a second kernel), ``num_stages``: 1 loads each chunk when it is needed;
+    more prefetch the next chunks' words and x through shared memory (asynchronous copies), and
+    ``prefetch``: load each chunk's words and scales into registers one loop step ahead of their use."""
 
     block_n: int
     block_k: int
@@ -423,10 +423,10 @@ class Config:
                              f"{self.num_stages}")
 
 
-# rows of the padded M -> (block_n, block_k, num_warps). 1 and 16: within 6% of the fastest of
-# scripts/nf4_gemv_tune.py's grid on every Llama-2-7B shape on the H200 (with the split below);
-# 32 and 64: not measured.
-_TABLE = {1: (32, 512, 4), 16: (64, 256, 4), 32: (64, 256, 4), 64: (64, 128, 8)}
+# rows of the padded M -> (block_n, block_k, num_warps, prefetch). On the H200 (scripts/nf4_gemv_tune.py,
+# commits 1a29114 and 40fe7c8), with the split below: 1 row within 4% of the fastest launch of the grid on
+# every Llama-2-7B shape, loading one chunk ahead 2-9% faster than not; 16 rows within 2%. 32, 64: not measured.
+_TABLE = {1: (64, 256, 4, True), 16: (64, 256, 4, False), 32: (64, 256, 4, False), 64: (64, 128, 8, False)}
 
 
 def _block_m(m: int, dtype: torch.dtype) -> int:
@@ -440,12 +440,12 @@ def config_for(m: int, n: int, k: int, blocksize: int = 64, dtype: torch.dtype =
     """The default launch shape for M rows of x (``dtype``) against an (N, K) weight: the table above, ``block_k``
     cut to K (rounded up to a power of two) and at least ``blocksize``, and K split (up to ``MAX_SPLIT``
     ways) while the grid has fewer than ``MIN_PROGRAMS`` programs and each slice keeps two chunks."""
-    block_n, block_k, warps = _TABLE[_block_m(max(1, min(m, MAX_M)), dtype)]
+    block_n, block_k, warps, prefetch = _TABLE[_block_m(max(1, min(m, MAX_M)), dtype)]
     block_k = max(min(block_k, triton.next_power_of_2(k)), blocksize)
     split, programs, chunks = 1, triton.cdiv(n, block_n), triton.cdiv(k, block_k)
     while programs * split < MIN_PROGRAMS and split < MAX_SPLIT and chunks >= 4 * split:
         split *= 2
-    return Config(block_n, block_k, warps, split)
+    return Config(block_n, block_k, warps, split, prefetch=prefetch)
 
 
 # ------------------------------------------------------------------------------------ operands
