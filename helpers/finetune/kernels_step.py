@@ -8,6 +8,7 @@ FlashAttention (bf16) and fused RMSNorm (``helpers.patching``).
 """
 from __future__ import annotations
 
+import gc
 import re
 import statistics
 
@@ -99,6 +100,7 @@ def train(model_name: str, variant: str, batch_size: int, data: TokenizedData, d
     grads = lora_gradients(model, {k: v.to(device) for k, v in batches[0].items()}, seed)
     warm_up(model, batches[warmup_steps:], device)
     if device.type == "cuda":
+        gc.collect()  # garbage of earlier work (a decoder's graphs and the model they hold) out of the peak
         torch.cuda.reset_peak_memory_stats(device)
     torch.manual_seed(seed)  # the same LoRA dropout masks for every variant
     times, _, losses = timed_steps(model, batches, device, warmup_steps, None)
