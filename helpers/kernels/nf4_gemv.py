@@ -205,7 +205,7 @@ def _codes(word):
 
 @triton.jit
 def _dequant_words(word, scale, CODE, planes, DTYPE: tl.constexpr, ASM: tl.constexpr):
-    """The weights of ``word`` ([BLOCK_N, G, WPB] int32 words of packed codes) times ``scale`` (fp32,
+    """The weights of ``word`` ([BLOCK_N, WORDS] int32 words of packed codes) times ``scale`` (fp32,
     same shape), in DTYPE, as [..., 2, 2, 2] (see ``_join8``). ASM: the PTX above (fp16, bf16 on a GPU)
     with ``planes`` (the eight ``_plane`` words in DTYPE); else a 16-entry table lookup per weight with
     the same roundings (the interpreter, and fp32 results)."""
@@ -221,7 +221,7 @@ def _dequant_words(word, scale, CODE, planes, DTYPE: tl.constexpr, ASM: tl.const
         w = _join8(v0, v1, v2, v3, v4, v5, v6, v7).to(DTYPE, bitcast=True)
     else:
         value = tl.load(CODE + _codes(word))
-        s = scale[:, :, :, None, None, None]
+        s = scale[:, :, None, None, None]
         if DTYPE == tl.bfloat16:  # the PTX's roundings: table and scale to DTYPE, then the product
             w = _round_to_bf16(_round_to_bf16(value) * _round_to_bf16(s))
         elif DTYPE == tl.float16:
@@ -234,8 +234,8 @@ def _dequant_words(word, scale, CODE, planes, DTYPE: tl.constexpr, ASM: tl.const
 
 @triton.jit
 def _dot_words(word, x, planes):
-    """Per word of codes ([BLOCK_N, G, WPB] int32), through ``_dot_ptx``: the fp32 sum of its eight table
-    values times x (``x``: the eight fp32 x values of the word's columns, each [1, G, WPB]), unscaled."""
+    """Per word of codes ([BLOCK_N, WORDS] int32), through ``_dot_ptx``: the fp32 sum of its eight table
+    values times x (``x``: the eight fp32 x values of the word's columns, each [1, WORDS]), unscaled."""
     x0, x1, x2, x3, x4, x5, x6, x7 = x
     p0, p1, p2, p3, p4, p5, p6, p7 = planes
     return tl.inline_asm_elementwise(_DOT, "=f,r" + ",f" * 8 + ",r" * 8,
@@ -269,14 +269,14 @@ def _split8(v):
 
 
 @triton.jit
-def _load_chunk(w_rows, ABSMAX, s_rows, n_ok, c, last, groups, rg, rw, G: tl.constexpr, WPB: tl.constexpr):
-    """Chunk ``c``'s words of codes [BLOCK_N, G, WPB] and its raw scales [BLOCK_N, G] (uint8 codes of
+def _load_chunk(w_rows, ABSMAX, s_rows, n_ok, c, last, groups, rg, rv, G: tl.constexpr, WPB: tl.constexpr):
+    """Chunk ``c``'s words of codes [BLOCK_N, G * WPB] and its raw scales [BLOCK_N, G] (uint8 codes of
     nested statistics, else the stored absmax); nothing (zeros) for ``c >= last``."""
+    end = tl.minimum(groups, last * G)  # blocks from chunk ``last`` on: masked off
+    v = c * (G * WPB) + rv             # word index along the row
+    word = tl.load(w_rows + v[None, :], mask=n_ok[:, None] & (v < end * WPB)[None, :], other=0)
     g = c * G + rg
-    ok = g < tl.minimum(groups, last * G)  # chunks from ``last`` on: masked off
-    word = tl.load(w_rows + (g * WPB)[None, :, None] + rw[None, None, :], mask=n_ok[:, None, None] & ok[None, :, None],
-                   other=0)
-    raw = tl.load(ABSMAX + s_rows + g[None, :], mask=n_ok[:, None] & ok[None, :], other=0)
+    raw = tl.load(ABSMAX + s_rows + g[None, :], mask=n_ok[:, None] & (g < end)[None, :], other=0)
     return word, raw
 
 
@@ -312,12 +312,12 @@ def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
     rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
     rg = tl.arange(0, G)
-    rw = tl.arange(0, WPB)
+    rv = tl.arange(0, G * WPB)         # the chunk's words along a row
     rk = tl.arange(0, BLOCK_K)
     n_ok = rn < rows
     m_ok = rm < M
     groups = K // QB                   # quantisation blocks per row of W
-    w_rows = W + rn.to(tl.int64)[:, None, None] * (K // 8)
+    w_rows = W + rn.to(tl.int64)[:, None] * tl.multiple_of(K // 8, 4)  # K: a multiple of blocksize >= 32
     s_rows = rn[:, None] * groups      # block index of each row's start (the host checks N * K / QB < 2**31)
     x_rows = X + rm.to(tl.int64)[:, None] * stride_xm
     if NESTED:
@@ -326,23 +326,23 @@ def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
               _plane(CODE, 12, 0, PLANES), _plane(CODE, 0, 1, PLANES), _plane(CODE, 4, 1, PLANES),
               _plane(CODE, 8, 1, PLANES), _plane(CODE, 12, 1, PLANES))
     r2 = tl.arange(0, 2)
-    # one row of x in the order of _join8's values: [G, WPB, 2, 2, 2] -> element 4c + 2d + e of a word
-    x_cols = ((rg * QB)[:, None, None, None, None] + (rw * 8)[None, :, None, None, None]
-              + (4 * r2)[None, None, :, None, None] + (2 * r2)[None, None, None, :, None] + r2[None, None, None, None, :])
+    # one row of x in the order of _join8's values: [G * WPB, 2, 2, 2] -> element 4c + 2d + e of a word
+    x_cols = ((rv * 8)[:, None, None, None] + (4 * r2)[None, :, None, None] + (2 * r2)[None, None, :, None]
+              + r2[None, None, None, :])
     acc_row = tl.zeros([BLOCK_N, G], dtype=tl.float32)  # per quantisation block of the chunk: summed at the end
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     first = pid_k * chunks_per_split
     last = tl.minimum(first + chunks_per_split, tl.cdiv(K, BLOCK_K))
     if PREFETCH:
-        word_next, raw_next = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, first, last, groups, rg, rw, G, WPB)
+        word_next, raw_next = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, first, last, groups, rg, rv, G, WPB)
     for c in tl.range(first, last, num_stages=STAGES):
         g = c * G + rg                 # block index along the row, [G]
         g_ok = g < groups
         if PREFETCH:  # this chunk's words and scales were loaded in the last step; load the next one's
             word, raw = word_next, raw_next
-            word_next, raw_next = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, c + 1, last, groups, rg, rw, G, WPB)
+            word_next, raw_next = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, c + 1, last, groups, rg, rv, G, WPB)
         else:
-            word, raw = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, c, last, groups, rg, rw, G, WPB)
+            word, raw = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, c, last, groups, rg, rv, G, WPB)
         s_mask = n_ok[:, None] & g_ok[None, :]
         s_idx = s_rows + g[None, :]
         if NESTED:
@@ -352,7 +352,8 @@ def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
         else:
             scale = raw.to(tl.float32)
         if BLOCK_M == 1:  # CUDA cores: fp32 multiply-adds, each block summed, then scaled once
-            xv = tl.load(X + c * BLOCK_K + x_cols, mask=g_ok[:, None, None, None, None], other=0.0)
+            xv = tl.load(X + c * BLOCK_K + x_cols, mask=(c * G * WPB + rv < groups * WPB)[:, None, None, None],
+                         other=0.0)
             if ASM:  # x to fp32 in the layout it was loaded in (a plain cast would be moved after the broadcast)
                 x0, x1, x2, x3, x4, x5, x6, x7 = _split8(_widen(xv))
                 per_word = _dot_words(word, (x0[None], x1[None], x2[None], x3[None], x4[None], x5[None], x6[None],
@@ -361,11 +362,11 @@ def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
                 value = tl.load(CODE + _codes(word))
                 if DTYPE != tl.float32:
                     value = _row_value(value)
-                per_word = tl.sum(tl.sum(tl.sum(value * xv.to(tl.float32)[None, :, :, :, :, :], axis=5), axis=4), axis=3)
-            acc_row += tl.sum(per_word, axis=2) * scale
+                per_word = tl.sum(tl.sum(tl.sum(value * xv.to(tl.float32)[None], axis=4), axis=3), axis=2)
+            acc_row += tl.sum(tl.reshape(per_word, [BLOCK_N, G, WPB]), axis=2) * scale
         else:  # tensor cores: the scaled weights in x's dtype, M padded to BLOCK_M rows
-            w = _dequant_words(word, tl.broadcast_to(scale[:, :, None], [BLOCK_N, G, WPB]), CODE, planes, DTYPE, ASM)
-            w = tl.reshape(w, [BLOCK_N, BLOCK_K])
+            scale = tl.reshape(tl.broadcast_to(scale[:, :, None], [BLOCK_N, G, WPB]), [BLOCK_N, G * WPB])
+            w = tl.reshape(_dequant_words(word, scale, CODE, planes, DTYPE, ASM), [BLOCK_N, BLOCK_K])
             xv = tl.load(x_rows + (c * BLOCK_K + rk)[None, :],
                          mask=m_ok[:, None] & (c * BLOCK_K + rk < K)[None, :], other=0.0)
             if DOT_FP32:  # same products (16-bit values are exact in fp32), for the interpreter's tl.dot
