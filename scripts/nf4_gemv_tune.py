@@ -26,8 +26,8 @@ from helpers.kernels.nf4_gemv import Config, config_for, nf4_matmul, nf4_operand
 
 # one pipeline stage only: three stages were never among the fastest on the H200 (commits 50d98ec, 40fe7c8);
 # long K tiles without a split save the partial sums' second kernel
-GRID = {1: {"block_n": (32, 64, 128), "block_k": (256, 512), "num_warps": (4, 8), "split_k": (1, 2, 4),
-            "num_stages": (1,), "prefetch": (False, True)},
+GRID = {1: {"block_n": (16, 32, 64), "block_k": (256, 1024, 2048), "num_warps": (2, 4, 8), "split_k": (1, 2, 4),
+            "num_stages": (1,), "prefetch": (True,)},
         16: {"block_n": (32, 64), "block_k": (128, 256), "num_warps": (4, 8), "split_k": (1, 2, 4),
              "num_stages": (1,), "prefetch": (False,)}}
 TOLERANCE = 2e-2  # max error / max |y| against float64: a few bf16 roundings

@@ -424,10 +424,12 @@ class Config:
                              f"{self.num_stages}")
 
 
-# rows of the padded M -> (block_n, block_k, num_warps, prefetch). On the H200 (scripts/nf4_gemv_tune.py,
-# commits 1a29114 and 40fe7c8), with the split below: 1 row within 4% of the fastest launch of the grid on
-# every Llama-2-7B shape, loading one chunk ahead 2-9% faster than not; 16 rows within 2%. 32, 64: not measured.
-_TABLE = {1: (64, 256, 4, True), 16: (64, 256, 4, False), 32: (64, 256, 4, False), 64: (64, 128, 8, False)}
+# rows of the padded M -> (block_n, block_k, num_warps, prefetch). PROVISIONAL (branch nf4-occupancy): 1 row
+# 16 x 2048, 4 warps: the fastest of a side-by-side run of long-tile launches on the H200 at b1f7625 on
+# 4096x4096, 11008x4096 and 32000x4096 (no split, so no second kernel); to be confirmed on every shape by
+# scripts/nf4_gemv_tune.py. 16 rows: 64 x 256 from the 3-D tile's grid (the 2-D tile measured 4-15% slower
+# there: re-tune). 32, 64: not measured.
+_TABLE = {1: (16, 2048, 4, True), 16: (64, 256, 4, False), 32: (64, 256, 4, False), 64: (64, 128, 8, False)}
 
 
 def _block_m(m: int, dtype: torch.dtype) -> int:
