@@ -25,6 +25,8 @@ from torch import nn
 Linear = Callable[[torch.Tensor, nn.Module], torch.Tensor]
 LinearGroup = Callable[[torch.Tensor, tuple[nn.Module, ...]], list[torch.Tensor]]  # several projections of one x
 Norm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+AddNorm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+SwigluLinear = Callable[[torch.Tensor, torch.Tensor, nn.Module], torch.Tensor]  # (gate, up, down_proj)
 Rope = Callable[..., torch.Tensor]  # (q, k, v, cos, sin, pos, k_cache, v_cache) -> rotated q, see torch_rope_cache
 
 
@@ -63,13 +65,16 @@ class Decoder:
 
     ``linear(x, module)`` computes every projection of the decoder layers (default: the module's own
     forward), or, where given, ``linear_group(x, modules)`` the projections that share an input (q, k
-    and v; gate and up) together; ``norm(x, weight, eps)`` every RMSNorm; ``rope(...)`` the rotary
-    embedding and the cache write (:func:`torch_rope_cache`'s contract). ``graph=True`` (CUDA only)
-    captures one step as a CUDA graph on first use and replays it for every token.
+    and v; gate and up) together, and ``swiglu_linear(gate, up, down_proj)`` the MLP's last projection
+    of ``silu(gate) * up``; ``norm(x, weight, eps)`` every RMSNorm, or, where given,
+    ``add_norm(x, y, weight, eps) -> (x + y, norm(x + y))`` a residual addition with the norm after it;
+    ``rope(...)`` the rotary embedding and the cache write (:func:`torch_rope_cache`'s contract).
+    ``graph=True`` (CUDA only) captures one step as a CUDA graph on first use and replays it for every token.
     """
 
     def __init__(self, model: nn.Module, max_len: int, batch_size: int = 1, *, linear: Linear = module_linear,
-                 linear_group: LinearGroup | None = None, norm: Norm = torch_rms_norm, rope: Rope = torch_rope_cache,
+                 linear_group: LinearGroup | None = None, swiglu_linear: SwigluLinear | None = None,
+                 norm: Norm = torch_rms_norm, add_norm: AddNorm | None = None, rope: Rope = torch_rope_cache,
                  graph: bool = False) -> None:
         if max_len < 1 or batch_size < 1:
             raise ValueError(f"max_len and batch_size must be >= 1, got {max_len} and {batch_size}")
@@ -81,6 +86,8 @@ class Decoder:
             raise ValueError(f"max_len {max_len} is beyond the model's {cfg.max_position_embeddings} positions")
         self.model, self.linear, self.norm, self.rope = model, linear, norm, rope
         self.linear_group = linear_group or (lambda x, modules: [linear(x, m) for m in modules])
+        self.swiglu_linear = swiglu_linear or (lambda gate, up, module: linear(F.silu(gate) * up, module))
+        self.add_norm = add_norm or self._add_then_norm
         self.device = inner.embed_tokens.weight.device
         if graph and self.device.type != "cuda":
             raise ValueError(f"graph=True needs the model on a CUDA device; it is on {self.device}")
@@ -114,20 +121,32 @@ class Decoder:
                                              enable_gqa=self.kv_heads != self.heads)
         return self.linear(out.transpose(1, 2).reshape(b, 1, self.heads * self.head_dim), attn.o_proj)
 
+    def _add_then_norm(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x + y
+        return x, self.norm(x, weight, eps)
+
+    def _residual_norm(self, x: torch.Tensor, branch: torch.Tensor | None, ln: nn.Module
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x with the residual branch added (none before the first layer), and its norm."""
+        if branch is None:
+            return x, self.norm(x, ln.weight, ln.variance_epsilon)
+        return self.add_norm(x, branch, ln.weight, ln.variance_epsilon)
+
     def _step(self) -> None:
         inner = self.model.model
         x = inner.embed_tokens(self.tokens)[:, None, :]
         # the cache up to and including this token: 0 there, -inf beyond
         mask = torch.where(self.positions <= self.pos, self._open, self._closed)[None, None, None, :]
+        branch = None  # a residual branch is added to x where the next norm reads x (one kernel with add_norm)
         for i, layer in enumerate(inner.layers):
-            ln = layer.input_layernorm
-            x = x + self._attention(layer, i, self.norm(x, ln.weight, ln.variance_epsilon), mask)
-            ln, mlp = layer.post_attention_layernorm, layer.mlp
-            h = self.norm(x, ln.weight, ln.variance_epsilon)
-            gate, up = self.linear_group(h, (mlp.gate_proj, mlp.up_proj))
-            x = x + self.linear(F.silu(gate) * up, mlp.down_proj)
-        x = self.norm(x, inner.norm.weight, inner.norm.variance_epsilon)
-        self.logits.copy_(self.model.lm_head(x)[:, 0])
+            x, h = self._residual_norm(x, branch, layer.input_layernorm)
+            branch = self._attention(layer, i, h, mask)
+            x, h = self._residual_norm(x, branch, layer.post_attention_layernorm)
+            gate, up = self.linear_group(h, (layer.mlp.gate_proj, layer.mlp.up_proj))
+            branch = self.swiglu_linear(gate, up, layer.mlp.down_proj)
+        _, h = self._residual_norm(x, branch, inner.norm)
+        self.logits.copy_(self.model.lm_head(h)[:, 0])
         self.pos.add_(1)
         if self.greedy:
             self.tokens.copy_(self.logits.argmax(-1))

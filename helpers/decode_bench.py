@@ -16,7 +16,7 @@ from torch import nn
 from .decode import Decoder, module_linear, torch_rms_norm, torch_rope_cache
 
 VARIANTS = ("stock generate", "static cache", "static cache + CUDA graph", "+ fused nf4 GEMV", "+ fused RMSNorm",
-            "+ fused rotary & KV write")
+            "+ fused rotary & KV write", "+ fused SwiGLU & residual add")
 
 
 PROMPT_LEN, NEW_TOKENS = 16, 256  # the ladder's prompt and new tokens at full scale (notebook 07's settings)
@@ -25,13 +25,16 @@ PROMPT_LEN, NEW_TOKENS = 16, 256  # the ladder's prompt and new tokens at full s
 def _kernels(variant: str) -> dict[str, Callable]:
     """The Decoder hooks of a rung: each rung keeps the kernels of the one before it."""
     from .kernels.nf4_gemv import nf4_linear, nf4_linear_group
-    from .kernels.rms_norm import rms_norm
+    from .kernels.rms_norm import add_rms_norm, rms_norm
     from .kernels.rope_cache import rope_cache
 
     rung = VARIANTS.index(variant)
+    fused_mlp = rung >= 6  # silu(gate) * up made as the down projection reads it; residual add and norm in one
     return {"linear": nf4_linear if rung >= 3 else module_linear,
             "linear_group": nf4_linear_group if rung >= 3 else None,  # q, k, v in one launch; gate and up in one
-            "norm": rms_norm if rung >= 4 else torch_rms_norm, "rope": rope_cache if rung >= 5 else torch_rope_cache}
+            "swiglu_linear": (lambda gate, up, module: nf4_linear(up, module, gate=gate)) if fused_mlp else None,
+            "norm": rms_norm if rung >= 4 else torch_rms_norm, "add_norm": add_rms_norm if fused_mlp else None,
+            "rope": rope_cache if rung >= 5 else torch_rope_cache}
 
 
 def decoder(model: nn.Module, variant: str, max_len: int, batch_size: int = 1) -> Decoder:

@@ -87,6 +87,19 @@ def test_configs_and_bias(cfg, m, poisoned):
     assert rel_err(y, reference(x, packed, state, bias)) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lead,n,k", [((1,), 37, 320), ((5,), 37, 192)])
+def test_gate_takes_silu_gate_times_x(lead, n, k, dtype, poisoned):
+    packed, state = quantize(n, k)
+    up, gate = randn(*lead, k, dtype=dtype), randn(*lead, k, dtype=dtype, seed=2)
+    x = torch.nn.functional.silu(gate) * up  # what the fused read replaces, rounded as PyTorch rounds it
+    fused = K.nf4_matmul(up, (packed, state), gate=gate)
+    assert rel_err(fused, reference(x, packed, state)) < TOL[dtype]
+    assert rel_err(fused, K.nf4_matmul(x, (packed, state)).double().cpu()) < TOL[torch.float32]
+    with pytest.raises(ValueError, match="gate"):
+        K.nf4_matmul(up, (packed, state), gate=gate[..., :-2])
+
+
 def test_split_k_is_deterministic():
     packed, state = quantize(33, 1024)
     x = randn(1, 1024)

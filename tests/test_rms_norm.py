@@ -93,6 +93,28 @@ def test_backward_matches_float64(lead, n, cfg, dtype, poisoned):
     assert rel_err(w.grad, dw64, dw_scale) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lead,n,cfg", CASES)
+def test_add_rms_norm_is_the_sum_then_the_norm(lead, n, cfg, dtype, poisoned):
+    x, r, w = randn(*lead, n, dtype=dtype), randn(*lead, n, dtype=dtype), randn(n, dtype=dtype)
+    total, y = K.add_rms_norm(x, r, w, EPS, config=cfg)
+    assert total.dtype == dtype and total.shape == x.shape and y.dtype == dtype and y.shape == x.shape
+    expect = x + r  # the tensor addition the kernel replaces (rounded to dtype)
+    if helpers.INTERPRET and dtype == torch.bfloat16:  # the interpreter truncates: one bf16 step at most
+        assert ((total.float() - expect.float()).abs() <= expect.float().abs() * 2**-7).all()
+    else:
+        assert torch.equal(total, expect)
+    assert rel_err(y, reference64(total, w)) < TOL[dtype]
+
+
+def test_add_rms_norm_refuses_a_mismatched_residual():
+    x, w = randn(2, 8), randn(8)
+    with pytest.raises(ValueError, match="residual"):
+        K.add_rms_norm(x, randn(2, 4), w)
+    with pytest.raises(ValueError, match="residual"):
+        K.add_rms_norm(x, randn(2, 8, dtype=torch.float16), w)
+
+
 @pytest.mark.parametrize("x_dtype", DTYPES)
 @pytest.mark.parametrize("w_dtype", DTYPES)
 def test_every_dtype_pairing_promotes_like_llama(x_dtype, w_dtype, poisoned):

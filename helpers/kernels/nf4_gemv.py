@@ -244,6 +244,21 @@ def _dot_words(word, x, planes):
 
 
 @triton.jit
+def _swiglu(g, u):
+    """``F.silu(g) * u`` in u's dtype as PyTorch rounds it: silu in fp32, rounded to the dtype, times u,
+    rounded (bf16 by integer arithmetic, so the interpreter rounds as the GPU does)."""
+    gf = g.to(tl.float32)
+    s = gf / (1.0 + tl.exp(-gf))
+    if u.dtype == tl.bfloat16:
+        out = _round_to_bf16(_round_to_bf16(s) * u.to(tl.float32))
+    elif u.dtype == tl.float16:
+        out = s.to(tl.float16).to(tl.float32) * u.to(tl.float32)
+    else:
+        out = s * u
+    return out.to(u.dtype)
+
+
+@triton.jit
 def _widen(v):
     """16-bit floats to fp32 through PTX, so the conversion stays where it is written: the compiler moves
     a cast to after a change of layout (where it would run once per use instead of once per value)."""
@@ -281,15 +296,16 @@ def _load_chunk(w_rows, ABSMAX, s_rows, n_ok, c, last, groups, rg, rv, G: tl.con
 
 
 @triton.jit
-def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
+def _nf4_matmul_kernel(X, GATE, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
                        W_1, ABSMAX_1, ABSMAX2_1, OFFSET_1, W_2, ABSMAX_2, ABSMAX2_2, OFFSET_2,
                        M, N, N_0, N_1, K, stride_xm, chunks_per_split,
                        QB: tl.constexpr, NESTED_QB: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        NESTED: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, WEIGHTS: tl.constexpr,
                        ASM: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
-                       PREFETCH: tl.constexpr):
+                       PREFETCH: tl.constexpr, SWIGLU: tl.constexpr):
     """OUT[m, n] = sum_k X[m, k] * W[n, k] over this program's K slice (see the module docstring).
+    SWIGLU: x is ``silu(GATE) * X`` (``_swiglu``), computed as it is loaded.
     WEIGHTS (1 to 3) weights of N_0, N_1 and N - N_0 - N_1 rows, one launch: the first programs along
     axis 0 take W, the next W_1, then W_2; weight i's result is an (M, N_i) block of OUT after the
     blocks of the weights before it."""
@@ -320,6 +336,7 @@ def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
     w_rows = W + rn.to(tl.int64)[:, None] * tl.multiple_of(K // 8, 4)  # K: a multiple of blocksize >= 32
     s_rows = rn[:, None] * groups      # block index of each row's start (the host checks N * K / QB < 2**31)
     x_rows = X + rm.to(tl.int64)[:, None] * stride_xm
+    g_rows = GATE + rm.to(tl.int64)[:, None] * stride_xm  # the gate has x's strides
     if NESTED:
         offset = tl.load(OFFSET)
     planes = (_plane(CODE, 0, 0, PLANES), _plane(CODE, 4, 0, PLANES), _plane(CODE, 8, 0, PLANES),
@@ -352,8 +369,10 @@ def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
         else:
             scale = raw.to(tl.float32)
         if BLOCK_M == 1:  # CUDA cores: fp32 multiply-adds, each block summed, then scaled once
-            xv = tl.load(X + c * BLOCK_K + x_cols, mask=(c * G * WPB + rv < groups * WPB)[:, None, None, None],
-                         other=0.0)
+            x_ok = (c * G * WPB + rv < groups * WPB)[:, None, None, None]
+            xv = tl.load(X + c * BLOCK_K + x_cols, mask=x_ok, other=0.0)
+            if SWIGLU:
+                xv = _swiglu(tl.load(GATE + c * BLOCK_K + x_cols, mask=x_ok, other=0.0), xv)
             if ASM:  # x to fp32 in the layout it was loaded in (a plain cast would be moved after the broadcast)
                 x0, x1, x2, x3, x4, x5, x6, x7 = _split8(_widen(xv))
                 per_word = _dot_words(word, (x0[None], x1[None], x2[None], x3[None], x4[None], x5[None], x6[None],
@@ -367,8 +386,10 @@ def _nf4_matmul_kernel(X, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, OUT,
         else:  # tensor cores: the scaled weights in x's dtype, M padded to BLOCK_M rows
             scale = tl.reshape(tl.broadcast_to(scale[:, :, None], [BLOCK_N, G, WPB]), [BLOCK_N, G * WPB])
             w = tl.reshape(_dequant_words(word, scale, CODE, planes, DTYPE, ASM), [BLOCK_N, BLOCK_K])
-            xv = tl.load(x_rows + (c * BLOCK_K + rk)[None, :],
-                         mask=m_ok[:, None] & (c * BLOCK_K + rk < K)[None, :], other=0.0)
+            x_ok = m_ok[:, None] & (c * BLOCK_K + rk < K)[None, :]
+            xv = tl.load(x_rows + (c * BLOCK_K + rk)[None, :], mask=x_ok, other=0.0)
+            if SWIGLU:
+                xv = _swiglu(tl.load(g_rows + (c * BLOCK_K + rk)[None, :], mask=x_ok, other=0.0), xv)
             if DOT_FP32:  # same products (16-bit values are exact in fp32), for the interpreter's tl.dot
                 w, xv = w.to(tl.float32), xv.to(tl.float32)
             acc = tl.dot(xv, tl.trans(w), acc, input_precision=PRECISION)
@@ -565,15 +586,16 @@ def _check_bias(bias: torch.Tensor | None, n: int, device: torch.device) -> None
         raise ValueError(f"bias is on {bias.device} but x is on {device}; they must be on one device")
 
 
-def nf4_matmul(x: torch.Tensor, weight, bias: torch.Tensor | None = None, config: Config | None = None
-               ) -> torch.Tensor:
+def nf4_matmul(x: torch.Tensor, weight, bias: torch.Tensor | None = None, config: Config | None = None, *,
+               gate: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W^T + bias`` for an nf4 weight ``W`` of shape (N, K): ``weight`` is a bitsandbytes
     ``Params4bit``, a ``(packed, quant_state)`` pair from ``quantize_4bit``, or :func:`nf4_operands`'
     result (checked once, reused). ``x`` has shape (..., K) with M = prod(...) <= ``MAX_M`` rows and
     dtype fp16, bf16 or fp32; the result has shape (..., N) and x's dtype, accumulated in fp32.
-    ``config`` overrides :func:`config_for`."""
+    ``gate`` (x's shape and dtype): the product takes ``F.silu(gate) * x`` (Llama's SwiGLU, rounded as
+    PyTorch rounds it) in place of x, made as x is read. ``config`` overrides :func:`config_for`."""
     ops = weight if isinstance(weight, NF4Operands) else nf4_operands(weight)
-    return _matmul(x, [ops], bias, config)[0]
+    return _matmul(x, [ops], bias, config, gate)[0]
 
 
 def nf4_matmul_group(x: torch.Tensor, weights, config: Config | None = None) -> list[torch.Tensor]:
@@ -598,11 +620,17 @@ def _compute_capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | None, config: Config | None
-            ) -> list[torch.Tensor]:
-    """One launch for ``x`` against 1 to 3 checked weights: the results, views of one buffer."""
+def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | None, config: Config | None,
+            gate: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """One launch for ``x`` (or ``silu(gate) * x``) against 1 to 3 checked weights: the results, views of
+    one buffer."""
     for ops in weights:
         _check_x(x, ops)
+    if gate is not None and (not isinstance(gate, torch.Tensor) or gate.shape != x.shape or gate.dtype != x.dtype
+                             or gate.device != x.device):
+        raise ValueError(f"gate must be a tensor of x's shape {tuple(x.shape)}, dtype {x.dtype} and device "
+                         f"{x.device}, got {getattr(gate, 'shape', type(gate).__name__)} "
+                         f"{getattr(gate, 'dtype', '')} {getattr(gate, 'device', '')}")
     ops = weights[0]
     _check_bias(bias, ops.n, x.device)
     lead, ns = x.shape[:-1], [w.n for w in weights]
@@ -615,8 +643,9 @@ def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | No
     x2 = x.reshape(m, ops.k)
     # the PTX needs sm_80 (packed bf16 arithmetic); fp32 x takes the exact table, looked up per weight
     asm = not _device.INTERPRET and x.dtype != torch.float32 and _compute_capability(x.device) >= (8, 0)
-    if x2.stride(1) != 1:
+    if x2.stride(1) != 1 or gate is not None:  # with a gate both are read as contiguous rows
         x2 = x2.contiguous()
+    gate2 = x2 if gate is None else gate.reshape(m, ops.k).contiguous()
     cfg = config or config_for(m, n, ops.k, ops.blocksize, x.dtype)
     if cfg.block_k % ops.blocksize:
         raise ValueError(f"Config.block_k = {cfg.block_k} must be a multiple of the weight's blocksize "
@@ -634,12 +663,12 @@ def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | No
 
     w0, more = parts(ops), [parts(w) for w in weights[1:]] + [parts(ops)] * (3 - len(weights))
     _nf4_matmul_kernel[(sum(triton.cdiv(w.n, cfg.block_n) for w in weights), split)](
-        x2, w0[0], ops.code, w0[1], w0[2], ops.nested_code if nested else ops.absmax, w0[3],
+        x2, gate2, w0[0], ops.code, w0[1], w0[2], ops.nested_code if nested else ops.absmax, w0[3],
         bias if bias is not None else x2, target, *more[0], *more[1],
         m, n, ns[0], ns[1] if len(ns) > 1 else 0, ops.k, x2.stride(0), per_split,
         QB=ops.blocksize, NESTED_QB=ops.nested_blocksize, BLOCK_M=_block_m(m, x.dtype), BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, NESTED=nested, HAS_BIAS=bias is not None, PARTIAL=split > 1, WEIGHTS=len(weights),
-        ASM=asm, DOT_FP32=DOT_FP32, STAGES=cfg.num_stages, PREFETCH=cfg.prefetch,
+        ASM=asm, DOT_FP32=DOT_FP32, STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, SWIGLU=gate is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32 x: full-precision products
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
@@ -650,14 +679,16 @@ def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | No
     return outs
 
 
-def nf4_linear(x: torch.Tensor, module: torch.nn.Module, config: Config | None = None) -> torch.Tensor:
+def nf4_linear(x: torch.Tensor, module: torch.nn.Module, config: Config | None = None, *,
+               gate: torch.Tensor | None = None) -> torch.Tensor:
     """The forward of a quantised ``bitsandbytes.nn.Linear4bit`` (nf4) through :func:`nf4_matmul`,
-    in x's dtype (the module's ``compute_dtype`` plays no part: the kernel accumulates in fp32)."""
+    in x's dtype (the module's ``compute_dtype`` plays no part: the kernel accumulates in fp32);
+    ``gate``: the forward of ``silu(gate) * x`` (see :func:`nf4_matmul`)."""
     weight = getattr(module, "weight", None)
     if getattr(weight, "quant_state", None) is None:
         raise TypeError(f"module must be a quantised bitsandbytes Linear4bit (move it to a device first), "
                         f"got {type(module).__name__}")
-    return nf4_matmul(x, weight, module.bias, config)
+    return nf4_matmul(x, weight, module.bias, config, gate=gate)
 
 
 def nf4_linear_group(x: torch.Tensor, modules, config: Config | None = None) -> list[torch.Tensor]:

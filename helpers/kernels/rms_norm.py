@@ -45,8 +45,8 @@ from .. import device as _device  # imported first: sets TRITON_INTERPRET before
 from . import fused_bias_gelu_layernorm as _ln
 from .fused_bias_gelu_layernorm import Config, _mask, _sm_count, _sum_partials_kernel
 
-__all__ = ["Config", "FusedRMSNorm", "MAX_N", "RMSNormFunction", "backward", "backward_config", "forward",
-           "forward_config", "rms_norm"]
+__all__ = ["Config", "FusedRMSNorm", "MAX_N", "RMSNormFunction", "add_rms_norm", "backward", "backward_config",
+           "forward", "forward_config", "rms_norm"]
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_N = 1 << 16  # widest row accepted (the chunked path handles any width; this bounds the partial sums' memory)
@@ -61,10 +61,12 @@ def _like_input(v, X):
 
 
 @triton.jit
-def _rms_norm_fwd_kernel(X, W, Y, RSTD, M, N, stride_x, eps,
-                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, EVEN_N: tl.constexpr):
+def _rms_norm_fwd_kernel(X, R, S, W, Y, RSTD, M, N, stride_x, stride_r, eps,
+                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, EVEN_N: tl.constexpr,
+                         HAS_RES: tl.constexpr):
     """Program p normalises row blocks p, p + P, p + 2P, ... (P programs); rows of X are ``stride_x``
-    apart, rows of Y are contiguous."""
+    apart, rows of Y are contiguous. HAS_RES: the rows normalised are X + R (rounded to X's dtype, as a
+    tensor addition rounds), also written to S (rows ``stride_r`` apart in R, contiguous in S)."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     n_blocks = tl.cdiv(M, ROWS)
@@ -76,6 +78,9 @@ def _rms_norm_fwd_kernel(X, W, Y, RSTD, M, N, stride_x, eps,
             mask = _mask(rows, cols, M, N, EVEN_N)
             rows64 = rows.to(tl.int64)[:, None]
             x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            if HAS_RES:
+                x = _like_input(x + tl.load(R + rows64 * stride_r + cols[None, :], mask=mask, other=0.0), X)
+                tl.store(S + rows64 * N + cols[None, :], x.to(S.dtype.element_ty), mask=mask)
             rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
             y = w[None, :] * _like_input(x * rstd[:, None], X)
             tl.store(RSTD + rows, rstd, mask=rows < M)
@@ -85,11 +90,17 @@ def _rms_norm_fwd_kernel(X, W, Y, RSTD, M, N, stride_x, eps,
             rows = blk * ROWS + tl.arange(0, ROWS)
             row_ok = rows < M
             x_row = X + rows.to(tl.int64)[:, None] * stride_x
+            r_row = R + rows.to(tl.int64)[:, None] * stride_r
+            s_row = S + rows.to(tl.int64)[:, None] * N
             y_row = Y + rows.to(tl.int64)[:, None] * N
             acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
             for start in range(0, N, BLOCK_N):
                 c = start + cols
-                x = tl.load(x_row + c[None, :], mask=row_ok[:, None] & (c < N)[None, :], other=0.0).to(tl.float32)
+                mask = row_ok[:, None] & (c < N)[None, :]
+                x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                if HAS_RES:
+                    x = _like_input(x + tl.load(r_row + c[None, :], mask=mask, other=0.0), X)
+                    tl.store(s_row + c[None, :], x.to(S.dtype.element_ty), mask=mask)
                 acc += x * x
             rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
             tl.store(RSTD + rows, rstd, mask=row_ok)
@@ -98,6 +109,8 @@ def _rms_norm_fwd_kernel(X, W, Y, RSTD, M, N, stride_x, eps,
                 c_ok = c < N
                 mask = row_ok[:, None] & c_ok[None, :]
                 x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                if HAS_RES:  # the same sum again (this pass never reads S: no ordering to rely on)
+                    x = _like_input(x + tl.load(r_row + c[None, :], mask=mask, other=0.0), X)
                 w = tl.load(W + c, mask=c_ok, other=0.0).to(tl.float32)
                 y = w[None, :] * _like_input(x * rstd[:, None], X)
                 tl.store(y_row + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
@@ -252,11 +265,37 @@ def forward(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     if x.numel() == 0:
         return y, rstd
-    x2, m, cfg, rows, programs = _launch(x, n, config or forward_config(n, x.dtype))
-    _rms_norm_fwd_kernel[(programs,)](x2, weight, y, rstd, m, n, x2.stride(0), eps,
-                                      BLOCK_N=cfg.block_n, ROWS=rows, SINGLE=cfg.block_n >= n,
-                                      EVEN_N=cfg.block_n == n, num_warps=cfg.num_warps)
+    _forward_launch(x, None, None, weight, y, rstd, n, eps, config)
     return y, rstd
+
+
+def _forward_launch(x: torch.Tensor, residual: torch.Tensor | None, total: torch.Tensor | None, weight: torch.Tensor,
+                    y: torch.Tensor, rstd: torch.Tensor, n: int, eps: float, config: Config | None) -> None:
+    x2, m, cfg, rows, programs = _launch(x, n, config or forward_config(n, x.dtype))
+    r2 = x2 if residual is None else _rows(residual, n)
+    _rms_norm_fwd_kernel[(programs,)](x2, r2, x2 if total is None else total, weight, y, rstd, m, n, x2.stride(0),
+                                      r2.stride(0), eps, BLOCK_N=cfg.block_n, ROWS=rows, SINGLE=cfg.block_n >= n,
+                                      EVEN_N=cfg.block_n == n, HAS_RES=residual is not None, num_warps=cfg.num_warps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                 config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A transformer block's residual step and the next norm in one kernel, for inference (no gradient):
+    ``total = x + residual`` (x's dtype, rounded as the tensor addition rounds) and
+    ``rms_norm(total, weight, eps)``; returns ``(total, normed)``. ``residual`` has x's shape and dtype."""
+    n = _check(x, weight)
+    _check_eps(eps)
+    if not isinstance(residual, torch.Tensor) or residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError(f"residual must be a tensor of x's shape {tuple(x.shape)} and dtype {x.dtype}, got "
+                         f"{tuple(getattr(residual, 'shape', ()))} {getattr(residual, 'dtype', type(residual).__name__)}")
+    if residual.device != x.device:
+        raise ValueError(f"residual is on {residual.device} but x is on {x.device}; they must be on one device")
+    total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if x.numel():
+        _forward_launch(x, residual, total, weight, y, rstd, n, eps, config)
+    return total, y
 
 
 def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
