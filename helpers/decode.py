@@ -27,6 +27,7 @@ LinearGroup = Callable[[torch.Tensor, tuple[nn.Module, ...]], list[torch.Tensor]
 Norm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
 AddNorm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
 SwigluLinear = Callable[[torch.Tensor, torch.Tensor, nn.Module], torch.Tensor]  # (gate, up, down_proj)
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (q, k_cache, v_cache, pos)
 Rope = Callable[..., torch.Tensor]  # (q, k, v, cos, sin, pos, k_cache, v_cache) -> rotated q, see torch_rope_cache
 
 
@@ -68,14 +69,16 @@ class Decoder:
     and v; gate and up) together, and ``swiglu_linear(gate, up, down_proj)`` the MLP's last projection
     of ``silu(gate) * up``; ``norm(x, weight, eps)`` every RMSNorm, or, where given,
     ``add_norm(x, y, weight, eps) -> (x + y, norm(x + y))`` a residual addition with the norm after it;
-    ``rope(...)`` the rotary embedding and the cache write (:func:`torch_rope_cache`'s contract).
+    ``rope(...)`` the rotary embedding and the cache write (:func:`torch_rope_cache`'s contract);
+    ``attention(q, k_cache, v_cache, pos)`` the attention of the step's queries (B, H, 1, D) over cache
+    positions 0 ... pos (default: ``scaled_dot_product_attention`` over the whole cache, masked).
     ``graph=True`` (CUDA only) captures one step as a CUDA graph on first use and replays it for every token.
     """
 
     def __init__(self, model: nn.Module, max_len: int, batch_size: int = 1, *, linear: Linear = module_linear,
                  linear_group: LinearGroup | None = None, swiglu_linear: SwigluLinear | None = None,
                  norm: Norm = torch_rms_norm, add_norm: AddNorm | None = None, rope: Rope = torch_rope_cache,
-                 graph: bool = False) -> None:
+                 attention: Attention | None = None, graph: bool = False) -> None:
         if max_len < 1 or batch_size < 1:
             raise ValueError(f"max_len and batch_size must be >= 1, got {max_len} and {batch_size}")
         inner = getattr(model, "model", None)
@@ -88,6 +91,7 @@ class Decoder:
         self.linear_group = linear_group or (lambda x, modules: [linear(x, m) for m in modules])
         self.swiglu_linear = swiglu_linear or (lambda gate, up, module: linear(F.silu(gate) * up, module))
         self.add_norm = add_norm or self._add_then_norm
+        self.attention = attention
         self.device = inner.embed_tokens.weight.device
         if graph and self.device.type != "cuda":
             raise ValueError(f"graph=True needs the model on a CUDA device; it is on {self.device}")
@@ -113,12 +117,15 @@ class Decoder:
         self.greedy = False  # inside the step: the next token = argmax of this step's logits
         self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}  # one captured step per value of ``greedy``
 
-    def _attention(self, layer: nn.Module, i: int, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _attention(self, layer: nn.Module, i: int, h: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         attn, b = layer.self_attn, self.batch_size
         q, k, v = self.linear_group(h, (attn.q_proj, attn.k_proj, attn.v_proj))
         q = self.rope(q, k, v, self.cos, self.sin, self.pos, self.k_cache[i], self.v_cache[i])
-        out = F.scaled_dot_product_attention(q, self.k_cache[i], self.v_cache[i], attn_mask=mask,
-                                             enable_gqa=self.kv_heads != self.heads)
+        if self.attention is None:
+            out = F.scaled_dot_product_attention(q, self.k_cache[i], self.v_cache[i], attn_mask=mask,
+                                                 enable_gqa=self.kv_heads != self.heads)
+        else:
+            out = self.attention(q, self.k_cache[i], self.v_cache[i], self.pos)
         return self.linear(out.transpose(1, 2).reshape(b, 1, self.heads * self.head_dim), attn.o_proj)
 
     def _add_then_norm(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float
@@ -136,8 +143,9 @@ class Decoder:
     def _step(self) -> None:
         inner = self.model.model
         x = inner.embed_tokens(self.tokens)[:, None, :]
-        # the cache up to and including this token: 0 there, -inf beyond
-        mask = torch.where(self.positions <= self.pos, self._open, self._closed)[None, None, None, :]
+        mask = None  # for scaled_dot_product_attention: 0 up to and including this token, -inf beyond
+        if self.attention is None:
+            mask = torch.where(self.positions <= self.pos, self._open, self._closed)[None, None, None, :]
         branch = None  # a residual branch is added to x where the next norm reads x (one kernel with add_norm)
         for i, layer in enumerate(inner.layers):
             x, h = self._residual_norm(x, branch, layer.input_layernorm)

@@ -16,7 +16,7 @@ from torch import nn
 from .decode import Decoder, module_linear, torch_rms_norm, torch_rope_cache
 
 VARIANTS = ("stock generate", "static cache", "static cache + CUDA graph", "+ fused nf4 GEMV", "+ fused RMSNorm",
-            "+ fused rotary & KV write", "+ fused SwiGLU & residual add")
+            "+ fused rotary & KV write", "+ fused SwiGLU & residual add", "+ attention over the live cache")
 
 
 PROMPT_LEN, NEW_TOKENS = 16, 256  # the ladder's prompt and new tokens at full scale (notebook 07's settings)
@@ -24,6 +24,7 @@ PROMPT_LEN, NEW_TOKENS = 16, 256  # the ladder's prompt and new tokens at full s
 
 def _kernels(variant: str) -> dict[str, Callable]:
     """The Decoder hooks of a rung: each rung keeps the kernels of the one before it."""
+    from .kernels.decode_attention import decode_attention
     from .kernels.nf4_gemv import nf4_linear, nf4_linear_group
     from .kernels.rms_norm import add_rms_norm, rms_norm
     from .kernels.rope_cache import rope_cache
@@ -34,7 +35,7 @@ def _kernels(variant: str) -> dict[str, Callable]:
             "linear_group": nf4_linear_group if rung >= 3 else None,  # q, k, v in one launch; gate and up in one
             "swiglu_linear": (lambda gate, up, module: nf4_linear(up, module, gate=gate)) if fused_mlp else None,
             "norm": rms_norm if rung >= 4 else torch_rms_norm, "add_norm": add_rms_norm if fused_mlp else None,
-            "rope": rope_cache if rung >= 5 else torch_rope_cache}
+            "rope": rope_cache if rung >= 5 else torch_rope_cache, "attention": decode_attention if rung >= 7 else None}
 
 
 def decoder(model: nn.Module, variant: str, max_len: int, batch_size: int = 1) -> Decoder:

@@ -27,11 +27,11 @@ def test_every_rung_of_the_ladder_is_timed_and_checked(model):
     assert not decode_bench.logits_ok({**records[1], "logits_max_rel_error": 0.5})
 
 
-@pytest.mark.parametrize("variant", ["+ fused rotary & KV write", "+ fused SwiGLU & residual add"])
+@pytest.mark.parametrize("variant", decode_bench.VARIANTS[5:])
 def test_a_variant_with_the_course_kernels_uses_them(model, monkeypatch, variant):
-    from helpers.kernels import nf4_gemv, rms_norm
+    from helpers.kernels import decode_attention, nf4_gemv, rms_norm
 
-    calls = {"nf4": 0, "nf4 with gate": 0, "nf4 group": 0, "norm": 0, "add norm": 0}
+    calls = {"nf4": 0, "nf4 with gate": 0, "nf4 group": 0, "norm": 0, "add norm": 0, "attention": 0}
 
     def counted(name, fn):
         def call(*a, **k):
@@ -43,15 +43,18 @@ def test_a_variant_with_the_course_kernels_uses_them(model, monkeypatch, variant
     monkeypatch.setattr(nf4_gemv, "nf4_linear_group", counted("nf4 group", nf4_gemv.nf4_linear_group))
     monkeypatch.setattr(rms_norm, "rms_norm", counted("norm", rms_norm.rms_norm))
     monkeypatch.setattr(rms_norm, "add_rms_norm", counted("add norm", rms_norm.add_rms_norm))
+    monkeypatch.setattr(decode_attention, "decode_attention", counted("attention", decode_attention.decode_attention))
     decode_bench.decoder(model, variant, 4).step(torch.tensor([5], device=DEV))
     layers = model.config.num_hidden_layers
     norms = 2 * layers + 1
     runs = (calls["norm"] + calls["add norm"]) // norms  # a step on the GPU runs more than once: warm-up, capture
-    fused = variant.endswith("residual add")
+    rung = decode_bench.VARIANTS.index(variant)
+    fused, attention = rung >= 6, rung >= 7
     assert runs >= 1 and calls == {  # o_proj and down_proj alone; (q, k, v) and (gate, up) grouped
         "nf4": layers * runs * (1 if fused else 2), "nf4 with gate": layers * runs * fused,
         "nf4 group": 2 * layers * runs,
-        "norm": runs * (1 if fused else norms), "add norm": (norms - 1) * runs * fused}
+        "norm": runs * (1 if fused else norms), "add norm": (norms - 1) * runs * fused,
+        "attention": layers * runs * attention}
     with pytest.raises(ValueError, match="variant"):
         decode_bench.decoder(model, "stock generate", 4)
 

@@ -1,0 +1,131 @@
+"""Attention of one decode step's queries over the KV cache, reading only the positions written so far.
+
+At batch 1 a decode step's attention is a matrix-vector product per head: one query row against the
+cache's keys, a softmax, and a weighted sum of its values. ``scaled_dot_product_attention`` with a
+mask reads the whole preallocated cache (``max_len`` positions) and hides the masked part; a CUDA
+graph fixes its shapes, so it cannot be told how many positions are live. This kernel reads the step's
+position from the device and stops there, so a step reads ``pos + 1`` positions of K and V, whatever
+``max_len`` is.
+
+Split-K ("flash-decoding"): program ``(b, g, s)`` takes the ``GROUP`` query heads that share key/value
+head ``g`` of sequence ``b`` and the ``s``-th of ``SPLITS`` equal slices of the cache, walks its live
+positions in blocks of ``BLOCK_T`` with an online softmax (fp32 running maximum, sum and weighted
+values), and writes its partial result; a second small kernel merges the slices' partials
+(deterministic: a fixed order). Slices wholly past ``pos`` write an empty partial.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import device as _device  # noqa: F401  (imported first: sets TRITON_INTERPRET before the kernels below)
+
+BLOCK_T = 64  # cache positions per loop step for one query head per key/value head (fewer for more)
+
+
+@triton.jit
+def _decode_attention_kernel(Q, KC, VC, POS, PART_O, PART_ML, HKV, MAX_LEN, SLICE, scale,
+                             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
+    bg = tl.program_id(0)              # sequence b, key/value head g: bg = b * HKV + g
+    s = tl.program_id(1)
+    splits = tl.num_programs(1)
+    rq = tl.arange(0, GROUP)
+    rd = tl.arange(0, HEAD_DIM)
+    rt = tl.arange(0, BLOCK_T)
+    q = tl.load(Q + (bg * GROUP + rq)[:, None] * HEAD_DIM + rd[None, :]).to(tl.float32) * scale  # [GROUP, D]
+    live = tl.load(POS) + 1            # positions 0 ... pos hold keys and values
+    start = s * SLICE
+    end = tl.minimum(start + SLICE, live)
+    cache = (bg * MAX_LEN).to(tl.int64) * HEAD_DIM
+    m = tl.full([GROUP], float("-inf"), tl.float32)
+    l = tl.zeros([GROUP], tl.float32)
+    acc = tl.zeros([GROUP, HEAD_DIM], tl.float32)
+    for t0 in range(start, end, BLOCK_T):
+        t = t0 + rt
+        t_ok = t < end
+        offs = cache + t.to(tl.int64)[:, None] * HEAD_DIM + rd[None, :]
+        k = tl.load(KC + offs, mask=t_ok[:, None], other=0.0).to(tl.float32)             # [BLOCK_T, D]
+        v = tl.load(VC + offs, mask=t_ok[:, None], other=0.0).to(tl.float32)
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)                            # [GROUP, BLOCK_T]
+        scores = tl.where(t_ok[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m = m_new
+    part = (bg * splits + s) * GROUP + rq   # this program's rows of partials
+    tl.store(PART_O + part[:, None] * HEAD_DIM + rd[None, :], acc)
+    tl.store(PART_ML + part * 2, m)
+    tl.store(PART_ML + part * 2 + 1, l)
+
+
+@triton.jit
+def _merge_kernel(PART_O, PART_ML, OUT, SPLITS, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """OUT row (bg, i) = sum over slices of exp(m_s - m) acc_s / sum over slices of exp(m_s - m) l_s,
+    m the largest m_s; slices in a fixed order. Slice 0 always holds position 0, so m is finite."""
+    bg = tl.program_id(0)
+    i = tl.program_id(1)
+    rd = tl.arange(0, HEAD_DIM)
+    first = bg * SPLITS * GROUP + i   # the row of slice s is first + s * GROUP
+    m = tl.load(PART_ML + first * 2)
+    for s in range(1, SPLITS):
+        m = tl.maximum(m, tl.load(PART_ML + (first + s * GROUP) * 2))
+    l = tl.load(PART_ML + first * 2 + 1) * tl.exp(tl.load(PART_ML + first * 2) - m)
+    acc = tl.load(PART_O + first * HEAD_DIM + rd) * tl.exp(tl.load(PART_ML + first * 2) - m)
+    for s in range(1, SPLITS):
+        row = first + s * GROUP
+        w = tl.exp(tl.load(PART_ML + row * 2) - m)  # an empty slice (m_s = -inf) weighs 0
+        l += w * tl.load(PART_ML + row * 2 + 1)
+        acc += w * tl.load(PART_O + row * HEAD_DIM + rd)
+    tl.store(OUT + (bg * GROUP + i) * HEAD_DIM + rd, (acc / l).to(OUT.dtype.element_ty))
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
+                     splits: int | None = None) -> torch.Tensor:
+    """Causal attention of one step's queries, (B, H, 1, D), over cache positions 0 ... ``pos`` of
+    ``k_cache`` and ``v_cache``, (B, H_kv, max_len, D); H a multiple of H_kv (grouped-query attention),
+    scaled by 1/sqrt(D), accumulated in fp32; returns (B, H, 1, D) in q's dtype. ``pos``: a one-element
+    int64 tensor on the device below max_len (not read on the host: the caller keeps it in range, as
+    ``Decoder`` does). ``splits``: slices of the cache run by separate programs (default: enough for
+    about 4 blocks of ``BLOCK_T`` positions each, at most 16)."""
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache and v_cache must both be (B, H_kv, max_len, D), got {tuple(k_cache.shape)} "
+                         f"and {tuple(v_cache.shape)}")
+    b, hkv, max_len, d = k_cache.shape
+    if d & (d - 1) or d < 16:
+        raise ValueError(f"head size D = {d} must be a power of two >= 16 (64 and 128 are Llama's)")
+    if q.dim() != 4 or q.shape[0] != b or q.shape[2] != 1 or q.shape[3] != d or q.shape[1] % max(hkv, 1):
+        raise ValueError(f"q must be (B={b}, H, 1, D={d}) with H a multiple of H_kv = {hkv}, got {tuple(q.shape)}")
+    group = q.shape[1] // hkv
+    if group & (group - 1):
+        raise ValueError(f"H / H_kv = {group} query heads per key/value head must be a power of two")
+    if pos.numel() != 1 or pos.dtype != torch.long:
+        raise ValueError(f"pos must be a one-element int64 tensor, got {pos.dtype} of {pos.numel()} elements")
+    tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "pos": pos}
+    if len({t.device for t in tensors.values()}) > 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted({str(t.device) for t in tensors.values()})}")
+    if len({q.dtype, k_cache.dtype, v_cache.dtype}) > 1:
+        raise TypeError(f"q and the caches must share one dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if splits is None:
+        splits = max(1, min(16, triton.cdiv(max_len, 4 * BLOCK_T)))
+    if splits < 1:
+        raise ValueError(f"splits must be >= 1, got {splits}")
+    out = torch.empty_like(q)
+    if q.numel() == 0:
+        return out
+    block_t = max(16, BLOCK_T // group)  # the [GROUP, BLOCK_T, D] products stay the same size
+    slice_len = triton.cdiv(triton.cdiv(max_len, splits), block_t) * block_t
+    part_o = torch.empty(b * hkv * splits * group, d, dtype=torch.float32, device=q.device)
+    part_ml = torch.empty(b * hkv * splits * group, 2, dtype=torch.float32, device=q.device)
+    _decode_attention_kernel[(b * hkv, splits)](q, k_cache, v_cache, pos, part_o, part_ml, hkv, max_len, slice_len,
+                                                 1.0 / math.sqrt(d), GROUP=group, HEAD_DIM=d, BLOCK_T=block_t,
+                                                 num_warps=4)
+    _merge_kernel[(b * hkv, group)](part_o, part_ml, out, splits, GROUP=group, HEAD_DIM=d, num_warps=1)
+    return out
