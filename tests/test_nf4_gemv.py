@@ -365,6 +365,7 @@ def test_config_for():
         assert cfg.block_k % 64 == 0 and cfg.split_k >= 1
         assert math.ceil(k / cfg.block_k) >= 2 * cfg.split_k or cfg.split_k == 1
     assert K.config_for(1, 64, 32768).split_k > 1  # few outputs, long rows: K is split
+    assert K.config_for(1, 4096, 11008).split_k == 1  # one row with enough programs: no partial sums to add
     assert K.config_for(1, 64, 4096, blocksize=1024).block_k >= 1024
     with pytest.raises(ValueError, match="power of two"):
         K.Config(48, 64, 4)

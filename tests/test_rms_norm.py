@@ -148,7 +148,8 @@ def test_matches_llama_rms_norm(x_dtype, w_dtype, n, cfg, poisoned):
     # land one step of x's dtype apart (the interpreter truncates bf16), so y is within 3 steps of ref
     rtol = 3 * torch.finfo(x_dtype).eps + 8 * torch.finfo(torch.float32).eps
     torch.testing.assert_close(y, ref, rtol=rtol, atol=0.0)
-    if helpers.HAS_CUDA:  # rounding to nearest on both sides: nearly every element identical
+    if helpers.HAS_CUDA and x_dtype != torch.float32:  # rounding to nearest on both sides: nearly every element
+        # identical (in fp32 a last-bit difference of rstd, from the summation order, shows in a whole row)
         assert (y == ref).float().mean().item() > 0.99
     dy = randn(2, 3, n, dtype=y.dtype)
     dx, dw = torch.autograd.grad(y, (x, ours.weight), dy)

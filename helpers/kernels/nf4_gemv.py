@@ -75,7 +75,7 @@ from . import check_powers_of_two
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_M = 64  # rows of x one launch handles (the tensor-core path pads M to 16, 32 or 64)
-MIN_PROGRAMS, MAX_SPLIT = 1024, 4  # split K (at most 4 ways) until the grid has ~8 programs per H200 SM
+MAX_SPLIT = 4  # K is split at most 4 ways
 DOT_FP32 = _device.INTERPRET  # the interpreter's tl.dot mishandles bf16 operands: give it their fp32 values
 
 
@@ -445,12 +445,13 @@ class Config:
                              f"{self.num_stages}")
 
 
-# rows of the padded M -> (block_n, block_k, num_warps, prefetch). PROVISIONAL (branch nf4-occupancy): 1 row
-# 16 x 2048, 4 warps: the fastest of a side-by-side run of long-tile launches on the H200 at b1f7625 on
-# 4096x4096, 11008x4096 and 32000x4096 (no split, so no second kernel); to be confirmed on every shape by
-# scripts/nf4_gemv_tune.py. 16 rows: 64 x 256 from the 3-D tile's grid (the 2-D tile measured 4-15% slower
-# there: re-tune). 32, 64: not measured.
-_TABLE = {1: (16, 2048, 4, True), 16: (64, 256, 4, False), 32: (64, 256, 4, False), 64: (64, 128, 8, False)}
+# rows of the padded M -> (block_n, block_k, num_warps, prefetch, min_programs), from
+# scripts/nf4_gemv_tune.py on the H200 (graph-timed, every Llama-2-7B shape and the grouped launches):
+# 1 row: 16 x 2048, 4 warps, one chunk ahead, within 6% of each shape's fastest launch; K is split only when
+# the grid would leave SMs idle (a split's partial sums cost a second kernel, slower on every 7B shape).
+# 16 rows: 64 x 256, 4 warps, K split until ~1024 programs: the fastest tile on every shape. 32, 64: not measured.
+_TABLE = {1: (16, 2048, 4, True, 128), 16: (64, 256, 4, False, 1024), 32: (64, 256, 4, False, 1024),
+          64: (64, 128, 8, False, 1024)}
 
 
 def _block_m(m: int, dtype: torch.dtype) -> int:
@@ -463,11 +464,11 @@ def _block_m(m: int, dtype: torch.dtype) -> int:
 def config_for(m: int, n: int, k: int, blocksize: int = 64, dtype: torch.dtype = torch.bfloat16) -> Config:
     """The default launch shape for M rows of x (``dtype``) against an (N, K) weight: the table above, ``block_k``
     cut to K (rounded up to a power of two) and at least ``blocksize``, and K split (up to ``MAX_SPLIT``
-    ways) while the grid has fewer than ``MIN_PROGRAMS`` programs and each slice keeps two chunks."""
-    block_n, block_k, warps, prefetch = _TABLE[_block_m(max(1, min(m, MAX_M)), dtype)]
+    ways) while the grid has fewer programs than the table's minimum and each slice keeps two chunks."""
+    block_n, block_k, warps, prefetch, min_programs = _TABLE[_block_m(max(1, min(m, MAX_M)), dtype)]
     block_k = max(min(block_k, triton.next_power_of_2(k)), blocksize)
     split, programs, chunks = 1, triton.cdiv(n, block_n), triton.cdiv(k, block_k)
-    while programs * split < MIN_PROGRAMS and split < MAX_SPLIT and chunks >= 4 * split:
+    while programs * split < min_programs and split < MAX_SPLIT and chunks >= 4 * split:
         split *= 2
     return Config(block_n, block_k, warps, split, prefetch=prefetch)
 
