@@ -123,13 +123,28 @@ def _decode(res: results.Result) -> list[tuple[str, str, str]]:
     for model in dict.fromkeys(r["model"] for r in res.records):
         ladder = [r for r in res.records if r["model"] == model]
         first, last = ladder[0], ladder[-1]
+        fastest = max(ladder, key=lambda r: r["tokens_per_s"])
+        best = "" if fastest is last else f"; fastest rung '{fastest['variant']}' {fastest['tokens_per_s']:.0f}"
         rows.append((f"4-bit decoding at batch 1, {model.upper()}: {first['variant']} -> {last['variant']}",
                      f"{first['tokens_per_s']:.0f} -> {last['tokens_per_s']:.0f} tokens/s "
-                     f"({last['tokens_per_s'] / first['tokens_per_s']:.1f}x)",
+                     f"({last['tokens_per_s'] / first['tokens_per_s']:.1f}x{best})",
                      f"{100 * last['tokens_per_s'] / last['roofline_tokens_per_s']:.0f}% of the bandwidth roofline; "
                      + ("every rung's logits as close as transformers' own decoding" if all(map(logits_ok, ladder))
                         else "LOGITS CHECK FAILED at a rung")))
     return rows
+
+
+def _train_kernels(res: results.Result) -> list[tuple[str, str, str]]:
+    """Notebook 07's QLoRA step: the course's kernels against the stock step, per batch size."""
+    speed = {(r["variant"], r["batch_size"]): r for r in res.records}
+    batches = sorted({b for _, b in speed})
+    model = res.records[0]["model"].upper()
+    return [(f"{model} QLoRA step with the course's kernels (FlashAttention, RMSNorm) against stock",
+             ", ".join(f"batch {b}: {speed['course', b]['tokens_per_s'] / speed['stock', b]['tokens_per_s']:.2f}x"
+                       for b in batches),
+             "tokens/s ratio; peak memory "
+             + ", ".join(f"{speed['course', b]['peak_alloc_gb']:.1f} vs {speed['stock', b]['peak_alloc_gb']:.1f} GiB"
+                         for b in batches))]
 
 
 def _two_gpus(res: results.Result, spec: specs.GpuSpec | None) -> list[tuple[str, str, str]]:
@@ -218,6 +233,7 @@ def render(gpu: str = "h200") -> str:
                 ("flash_attention", _load("flash_attention", gpu), _attention, "05"),
                 ("finetune", _load("finetune", gpu), _one_card, "06"),
                 ("decode", _load("decode", gpu), _decode, "07"),
+                ("finetune_kernels", _load("finetune_kernels", gpu), _train_kernels, "07"),
                 (f"{gpu}x2/fsdp", _load("fsdp", f"{gpu}x2"), lambda r: _two_gpus(r, spec), "08")]
     lines = [f"Measured on one {ceilings.provenance['gpu']} (notebook 08: two) by the notebooks; every row is read "
              f"from `results/{gpu}/` (`results/{gpu}x2/`) by `scripts/update_readme.py`.", "",
