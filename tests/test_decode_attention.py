@@ -22,7 +22,7 @@ def reference(q, k_cache, v_cache, pos):
 CASES = [  # (B, H, H_kv, max_len, D, pos, splits)
     (1, 4, 4, 100, 64, 37, None),   # one head per key/value head, one slice past pos
     (2, 8, 2, 300, 32, 299, 3),     # grouped queries, the last position, uneven slices
-    (1, 2, 1, 40, 16, 0, 4),        # only the first position: three empty slices
+    (1, 2, 1, 200, 16, 0, 4),       # only the first position: three empty slices
     (1, 32, 32, 640, 128, 271, None),  # Llama-2 7B's shape mid-generation
     (3, 4, 4, 70, 64, 64, 1),       # one slice, a partial last block
 ]
@@ -39,6 +39,16 @@ def test_matches_float64(b, h, hkv, max_len, d, pos, splits, dtype):
     assert out.shape == q.shape and out.dtype == dtype
     ref = reference(q, k_cache, v_cache, pos)
     assert ((out.double().cpu() - ref).norm() / ref.norm()).item() < TOL[dtype]
+
+
+def test_repeated_calls_reuse_the_slice_counters():
+    """Each call leaves its tickets at zero: a run of calls, as a decoder makes, merges every step."""
+    k_cache, v_cache = (torch.randn(1, 4, 300, 32).to(DEV) for _ in range(2))
+    for pos in (5, 150, 299, 0):
+        q = torch.randn(1, 4, 1, 32).to(DEV)
+        out = decode_attention(q, k_cache, v_cache, torch.tensor([pos], device=DEV), 4)
+        ref = reference(q, k_cache, v_cache, pos)
+        assert ((out.double().cpu() - ref).norm() / ref.norm()).item() < TOL[torch.float32]
 
 
 def test_bad_input_is_a_clear_error():

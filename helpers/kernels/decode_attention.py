@@ -10,8 +10,10 @@ position from the device and stops there, so a step reads ``pos + 1`` positions 
 Split-K ("flash-decoding"): program ``(b, g, s)`` takes the ``GROUP`` query heads that share key/value
 head ``g`` of sequence ``b`` and the ``s``-th of ``SPLITS`` equal slices of the cache, walks its live
 positions in blocks of ``BLOCK_T`` with an online softmax (fp32 running maximum, sum and weighted
-values), and writes its partial result; a second small kernel merges the slices' partials
-(deterministic: a fixed order). Slices wholly past ``pos`` write an empty partial.
+values), and writes its partial result. The last of a head's slices to finish (a ticket counter,
+taken atomically) merges the partials in slice order, so the result does not depend on the order the
+slices ran in, and one kernel launch does the whole step. Slices wholly past ``pos`` write an empty
+partial.
 """
 from __future__ import annotations
 
@@ -27,11 +29,11 @@ BLOCK_T = 64  # cache positions per loop step for one query head per key/value h
 
 
 @triton.jit
-def _decode_attention_kernel(Q, KC, VC, POS, PART_O, PART_ML, HKV, MAX_LEN, SLICE, scale,
-                             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
+def _decode_attention_kernel(Q, KC, VC, POS, PART_O, PART_ML, TICKETS, OUT, HKV, MAX_LEN, SLICE, scale,
+                             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
+                             SPLITS: tl.constexpr):
     bg = tl.program_id(0)              # sequence b, key/value head g: bg = b * HKV + g
     s = tl.program_id(1)
-    splits = tl.num_programs(1)
     rq = tl.arange(0, GROUP)
     rd = tl.arange(0, HEAD_DIM)
     rt = tl.arange(0, BLOCK_T)
@@ -57,31 +59,40 @@ def _decode_attention_kernel(Q, KC, VC, POS, PART_O, PART_ML, HKV, MAX_LEN, SLIC
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m = m_new
-    part = (bg * splits + s) * GROUP + rq   # this program's rows of partials
-    tl.store(PART_O + part[:, None] * HEAD_DIM + rd[None, :], acc)
-    tl.store(PART_ML + part * 2, m)
-    tl.store(PART_ML + part * 2 + 1, l)
+    out = OUT + (bg * GROUP + rq)[:, None] * HEAD_DIM + rd[None, :]
+    if SPLITS == 1:  # slice 0 holds position 0, so l > 0
+        tl.store(out, (acc / l[:, None]).to(OUT.dtype.element_ty))
+    else:
+        first = bg * SPLITS * GROUP + rq   # row of partials of slice s: first + s * GROUP
+        tl.store(PART_O + (first + s * GROUP)[:, None] * HEAD_DIM + rd[None, :], acc)
+        tl.store(PART_ML + (first + s * GROUP) * 2, m)
+        tl.store(PART_ML + (first + s * GROUP) * 2 + 1, l)
+        tl.debug_barrier()  # every thread's partials are written before the ticket (a release) is taken
+        if tl.atomic_add(TICKETS + bg, 1) == SPLITS - 1:  # the last slice of (b, g): merge all, in slice order
+            m = tl.full([GROUP], float("-inf"), tl.float32)
+            for i in tl.static_range(SPLITS):
+                m = tl.maximum(m, tl.load(PART_ML + (first + i * GROUP) * 2, cache_modifier=".cg"))
+            l = tl.zeros([GROUP], tl.float32)
+            acc = tl.zeros([GROUP, HEAD_DIM], tl.float32)
+            for i in tl.static_range(SPLITS):
+                row = first + i * GROUP
+                w = tl.exp(tl.load(PART_ML + row * 2, cache_modifier=".cg") - m)  # an empty slice weighs 0
+                l += w * tl.load(PART_ML + row * 2 + 1, cache_modifier=".cg")
+                acc += w[:, None] * tl.load(PART_O + row[:, None] * HEAD_DIM + rd[None, :], cache_modifier=".cg")
+            tl.store(out, (acc / l[:, None]).to(OUT.dtype.element_ty))
+            tl.store(TICKETS + bg, 0)  # ready for the next call
 
 
-@triton.jit
-def _merge_kernel(PART_O, PART_ML, OUT, SPLITS, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """OUT row (bg, i) = sum over slices of exp(m_s - m) acc_s / sum over slices of exp(m_s - m) l_s,
-    m the largest m_s; slices in a fixed order. Slice 0 always holds position 0, so m is finite."""
-    bg = tl.program_id(0)
-    i = tl.program_id(1)
-    rd = tl.arange(0, HEAD_DIM)
-    first = bg * SPLITS * GROUP + i   # the row of slice s is first + s * GROUP
-    m = tl.load(PART_ML + first * 2)
-    for s in range(1, SPLITS):
-        m = tl.maximum(m, tl.load(PART_ML + (first + s * GROUP) * 2))
-    l = tl.load(PART_ML + first * 2 + 1) * tl.exp(tl.load(PART_ML + first * 2) - m)
-    acc = tl.load(PART_O + first * HEAD_DIM + rd) * tl.exp(tl.load(PART_ML + first * 2) - m)
-    for s in range(1, SPLITS):
-        row = first + s * GROUP
-        w = tl.exp(tl.load(PART_ML + row * 2) - m)  # an empty slice (m_s = -inf) weighs 0
-        l += w * tl.load(PART_ML + row * 2 + 1)
-        acc += w * tl.load(PART_O + row * HEAD_DIM + rd)
-    tl.store(OUT + (bg * GROUP + i) * HEAD_DIM + rd, (acc / l).to(OUT.dtype.element_ty))
+_TICKETS: dict[torch.device, torch.Tensor] = {}
+
+
+def _tickets(device: torch.device, n: int) -> torch.Tensor:
+    """A zeroed int32 counter per (sequence, key/value head), kept between calls: each call leaves its
+    counters at zero, so none needs a fill kernel (or a node in a CUDA graph) of its own."""
+    buf = _TICKETS.get(device)
+    if buf is None or buf.numel() < n:
+        buf = _TICKETS[device] = torch.zeros(max(n, 64), dtype=torch.int32, device=device)
+    return buf
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
@@ -90,8 +101,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     ``k_cache`` and ``v_cache``, (B, H_kv, max_len, D); H a multiple of H_kv (grouped-query attention),
     scaled by 1/sqrt(D), accumulated in fp32; returns (B, H, 1, D) in q's dtype. ``pos``: a one-element
     int64 tensor on the device below max_len (not read on the host: the caller keeps it in range, as
-    ``Decoder`` does). ``splits``: slices of the cache run by separate programs (default: enough for
-    about 4 blocks of ``BLOCK_T`` positions each, at most 16)."""
+    ``Decoder`` does). ``splits``: at most this many slices of the cache, run by separate programs (default:
+    enough for about 4 blocks of ``BLOCK_T`` positions each, at most 16). Calls on one device must not
+    overlap in time (one stream, as in a decoder): the slices' ticket counters are shared."""
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(f"k_cache and v_cache must both be (B, H_kv, max_len, D), got {tuple(k_cache.shape)} "
                          f"and {tuple(v_cache.shape)}")
@@ -122,10 +134,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return out
     block_t = max(16, BLOCK_T // group)  # the [GROUP, BLOCK_T, D] products stay the same size
     slice_len = triton.cdiv(triton.cdiv(max_len, splits), block_t) * block_t
+    splits = triton.cdiv(max_len, slice_len)  # no slice wholly past max_len
     part_o = torch.empty(b * hkv * splits * group, d, dtype=torch.float32, device=q.device)
     part_ml = torch.empty(b * hkv * splits * group, 2, dtype=torch.float32, device=q.device)
-    _decode_attention_kernel[(b * hkv, splits)](q, k_cache, v_cache, pos, part_o, part_ml, hkv, max_len, slice_len,
+    _decode_attention_kernel[(b * hkv, splits)](q, k_cache, v_cache, pos, part_o, part_ml,
+                                                 _tickets(q.device, b * hkv), out, hkv, max_len, slice_len,
                                                  1.0 / math.sqrt(d), GROUP=group, HEAD_DIM=d, BLOCK_T=block_t,
-                                                 num_warps=4)
-    _merge_kernel[(b * hkv, group)](part_o, part_ml, out, splits, GROUP=group, HEAD_DIM=d, num_warps=1)
+                                                 SPLITS=splits, num_warps=4)
     return out
