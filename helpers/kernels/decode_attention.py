@@ -26,6 +26,7 @@ import triton.language as tl
 from .. import device as _device  # noqa: F401  (imported first: sets TRITON_INTERPRET before the kernels below)
 
 BLOCK_T = 64  # cache positions per loop step for one query head per key/value head (fewer for more)
+MAX_SPLITS = 16
 
 
 @triton.jit
@@ -102,7 +103,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     scaled by 1/sqrt(D), accumulated in fp32; returns (B, H, 1, D) in q's dtype. ``pos``: a one-element
     int64 tensor on the device below max_len (not read on the host: the caller keeps it in range, as
     ``Decoder`` does). ``splits``: at most this many slices of the cache, run by separate programs (default:
-    enough for about 4 blocks of ``BLOCK_T`` positions each, at most 16). Calls on one device must not
+    one loop step each, at most ``MAX_SPLITS``). Calls on one device must not
     overlap in time (one stream, as in a decoder): the slices' ticket counters are shared."""
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(f"k_cache and v_cache must both be (B, H_kv, max_len, D), got {tuple(k_cache.shape)} "
@@ -125,14 +126,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     for name, t in tensors.items():
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
-    if splits is None:
-        splits = max(1, min(16, triton.cdiv(max_len, 4 * BLOCK_T)))
+    block_t = max(16, BLOCK_T // group)  # the [GROUP, BLOCK_T, D] products stay the same size
+    if splits is None:  # H200, 32 heads of 128: one block a slice was fastest (272 to 4112 positions)
+        splits = min(MAX_SPLITS, triton.cdiv(max_len, block_t))
     if splits < 1:
         raise ValueError(f"splits must be >= 1, got {splits}")
     out = torch.empty_like(q)
     if q.numel() == 0:
         return out
-    block_t = max(16, BLOCK_T // group)  # the [GROUP, BLOCK_T, D] products stay the same size
     slice_len = triton.cdiv(triton.cdiv(max_len, splits), block_t) * block_t
     splits = triton.cdiv(max_len, slice_len)  # no slice wholly past max_len
     part_o = torch.empty(b * hkv * splits * group, d, dtype=torch.float32, device=q.device)
