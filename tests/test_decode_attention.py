@@ -51,6 +51,23 @@ def test_repeated_calls_reuse_the_slice_counters():
         assert ((out.double().cpu() - ref).norm() / ref.norm()).item() < TOL[torch.float32]
 
 
+def test_a_wider_call_keeps_the_old_counters():
+    """More (sequence, key/value head) pairs than the counters hold: a new buffer, the old one kept (a
+    captured graph may still use its address), and both calls right."""
+    from helpers.kernels import decode_attention as module
+
+    q = torch.randn(1, 1, 1, 16).to(DEV)
+    small = module._tickets(q.device, 1)
+    wide = small.numel() + 1
+    k_cache, v_cache = (torch.randn(wide, 1, 40, 16).to(DEV) for _ in range(2))
+    q = torch.randn(wide, 1, 1, 16).to(DEV)
+    out = decode_attention(q, k_cache, v_cache, torch.tensor([39], device=DEV), 2)
+    ref = reference(q, k_cache, v_cache, 39)
+    assert ((out.double().cpu() - ref).norm() / ref.norm()).item() < TOL[torch.float32]
+    buffers = module._TICKETS[q.device]
+    assert any(b is small for b in buffers) and buffers[-1].numel() >= wide and buffers[-1] is not small
+
+
 def test_bad_input_is_a_clear_error():
     q, kc, pos = torch.randn(1, 4, 1, 16, device=DEV), torch.randn(1, 4, 8, 16, device=DEV), torch.tensor([0], device=DEV)
     with pytest.raises(ValueError, match="k_cache and v_cache"):

@@ -84,16 +84,17 @@ def _decode_attention_kernel(Q, KC, VC, POS, PART_O, PART_ML, TICKETS, OUT, HKV,
             tl.store(TICKETS + bg, 0)  # ready for the next call
 
 
-_TICKETS: dict[torch.device, torch.Tensor] = {}
+_TICKETS: dict[torch.device, list[torch.Tensor]] = {}
 
 
 def _tickets(device: torch.device, n: int) -> torch.Tensor:
     """A zeroed int32 counter per (sequence, key/value head), kept between calls: each call leaves its
-    counters at zero, so none needs a fill kernel (or a node in a CUDA graph) of its own."""
-    buf = _TICKETS.get(device)
-    if buf is None or buf.numel() < n:
-        buf = _TICKETS[device] = torch.zeros(max(n, 64), dtype=torch.int32, device=device)
-    return buf
+    counters at zero, so none needs a fill kernel (or a node in a CUDA graph) of its own. A buffer is
+    never freed (a captured CUDA graph keeps its address); a wider call gets a new one."""
+    buffers = _TICKETS.setdefault(device, [])
+    if not buffers or buffers[-1].numel() < n:
+        buffers.append(torch.zeros(max(n, 64), dtype=torch.int32, device=device))
+    return buffers[-1]
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
@@ -103,8 +104,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     scaled by 1/sqrt(D), accumulated in fp32; returns (B, H, 1, D) in q's dtype. ``pos``: a one-element
     int64 tensor on the device below max_len (not read on the host: the caller keeps it in range, as
     ``Decoder`` does). ``splits``: at most this many slices of the cache, run by separate programs (default:
-    one loop step each, at most ``MAX_SPLITS``). Calls on one device must not
-    overlap in time (one stream, as in a decoder): the slices' ticket counters are shared."""
+    one loop step each, at most ``MAX_SPLITS``). Calls on one device, and replays
+    of CUDA graphs holding them, must not overlap in time (one stream, as in a decoder): the slices'
+    ticket counters are shared."""
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(f"k_cache and v_cache must both be (B, H_kv, max_len, D), got {tuple(k_cache.shape)} "
                          f"and {tuple(v_cache.shape)}")
