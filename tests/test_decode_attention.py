@@ -53,7 +53,7 @@ def test_repeated_calls_reuse_the_slice_counters():
 
 def test_a_wider_call_keeps_the_old_counters():
     """More (sequence, key/value head) pairs than the counters hold: a new buffer, the old one kept (a
-    captured graph may still use its address), and both calls right."""
+    captured graph may still use its address), and the wide call right."""
     from helpers.kernels import decode_attention as module
 
     q = torch.randn(1, 1, 1, 16).to(DEV)

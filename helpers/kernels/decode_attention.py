@@ -104,9 +104,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     scaled by 1/sqrt(D), accumulated in fp32; returns (B, H, 1, D) in q's dtype. ``pos``: a one-element
     int64 tensor on the device below max_len (not read on the host: the caller keeps it in range, as
     ``Decoder`` does). ``splits``: at most this many slices of the cache, run by separate programs (default:
-    one loop step each, at most ``MAX_SPLITS``). Calls on one device, and replays
-    of CUDA graphs holding them, must not overlap in time (one stream, as in a decoder): the slices'
-    ticket counters are shared."""
+    one loop step each, at most ``MAX_SPLITS``). Calls on one device, and replays of CUDA graphs holding
+    them, must not overlap in time (one stream, as in a decoder): the slices' ticket counters are shared."""
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(f"k_cache and v_cache must both be (B, H_kv, max_len, D), got {tuple(k_cache.shape)} "
                          f"and {tuple(v_cache.shape)}")
