@@ -1,6 +1,6 @@
 """Put the course's kernels into a Hugging Face Llama model (the kernels themselves live in ``helpers.kernels``).
 
-    use_course_kernels(model)   # FlashAttention (notebook 05) and the fused RMSNorm, in place
+    use_course_kernels(model)   # FlashAttention (notebook 05), the fused RMSNorm, rotary and SwiGLU, in place
 
 Attention goes through transformers' attention interface: the model's attention modules call the
 function registered under a name. Both functions here apply the causal mask only, which is exact for
@@ -13,6 +13,9 @@ as fused attention kernels do in QLoRA recipes, and hand back the caller's dtype
 PyTorch's own fused attention that way (the strongest baseline), ``course`` the course's kernel.
 """
 from __future__ import annotations
+
+import functools
+import types
 
 import torch
 import torch.nn.functional as F
@@ -92,12 +95,75 @@ def use_course_rms_norm(model: nn.Module) -> int:
     return len(targets)
 
 
-def use_course_kernels(model: nn.Module, attention: bool = True, rms_norm: bool = True) -> dict:
-    """Both swaps (each optional); what was changed."""
+def _with_course_rotary(forward):
+    """``forward`` of a Llama attention module, calling the course's rotary kernel where it calls
+    transformers' ``apply_rotary_pos_emb`` (a global of its module, swapped for the call only: other
+    models in the process keep transformers' function)."""
+    from transformers.models.llama import modeling_llama
+
+    @functools.wraps(forward)
+    def wrapped(self, *args, **kwargs):
+        stock = modeling_llama.apply_rotary_pos_emb
+        modeling_llama.apply_rotary_pos_emb = course_rotary_pos_emb
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            modeling_llama.apply_rotary_pos_emb = stock
+    return wrapped
+
+
+def course_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``apply_rotary_pos_emb`` signature around ``kernels.rotary.rotary``."""
+    from .kernels.rotary import rotary
+
+    if unsqueeze_dim != 1:
+        raise ValueError(f"the course's rotary kernel takes q and k as (B, H, S, D) (unsqueeze_dim=1), "
+                         f"got unsqueeze_dim={unsqueeze_dim}")
+    return rotary(q, k, cos, sin)
+
+
+def use_course_rotary(model: nn.Module) -> int:
+    """Make every ``LlamaAttention`` of ``model`` rotate q and k with the course's kernel; returns how many."""
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    targets = [m for m in model.modules() if isinstance(m, LlamaAttention)]
+    for module in targets:
+        module.forward = types.MethodType(_with_course_rotary(type(module).forward), module)
+    return len(targets)
+
+
+def _course_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    from .kernels.swiglu import swiglu
+
+    return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def use_course_swiglu(model: nn.Module) -> int:
+    """Make every ``LlamaMLP`` of ``model`` compute ``silu(gate) * up`` with the course's kernel (the
+    projections unchanged); returns how many. Refuses an MLP whose activation is not SiLU."""
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    targets = [m for m in model.modules() if isinstance(m, LlamaMLP)]
+    for module in targets:
+        if module.config.hidden_act != "silu":
+            raise ValueError("the course's SwiGLU kernel computes silu(gate) * up; this MLP uses "
+                             f"{module.config.hidden_act}")
+        module.forward = types.MethodType(_course_mlp_forward, module)
+    return len(targets)
+
+
+def use_course_kernels(model: nn.Module, attention: bool = True, rms_norm: bool = True, rotary: bool = True,
+                       swiglu: bool = True) -> dict:
+    """Each swap (each optional); what was changed."""
     done = {}
     if attention:
         use_attention(model, COURSE)
         done["attention"] = COURSE
     if rms_norm:
         done["rms_norm_modules"] = use_course_rms_norm(model)
+    if rotary:
+        done["rotary_modules"] = use_course_rotary(model)
+    if swiglu:
+        done["swiglu_modules"] = use_course_swiglu(model)
     return done

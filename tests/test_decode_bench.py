@@ -78,7 +78,8 @@ def test_training_step_comparison_records_both_variants(tiny_data):
     data, device = tiny_data, DEV
     runs = {v: kernels_step.train("tiny", v, 2, data, device, steps=3, warmup_steps=1) for v in kernels_step.VARIANTS}
     (stock, stock_losses, stock_grads), (course, course_losses, course_grads) = runs["stock"], runs["course"]
-    assert course["replaced"] == "attention: course, rms_norm_modules: 5" and stock["replaced"] == "nothing"
+    assert course["replaced"] == ("attention: course, rms_norm_modules: 5, rotary_modules: 2, swiglu_modules: 2"
+                                  ) and stock["replaced"] == "nothing"
     assert runs["sdpa bf16"][0]["replaced"] == "attention: sdpa_bf16"
     assert all(r[0]["checkpointing"] for r in runs.values())
     assert len(course_losses) == 3 and course_losses == pytest.approx(stock_losses, rel=1e-2)
@@ -86,6 +87,7 @@ def test_training_step_comparison_records_both_variants(tiny_data):
     assert course["final_loss"] == course_losses[-1] and course["tokens_per_s"] > 0
     assert kernels_step.category("flash_fwd_kernel") == "attention" and kernels_step.category("foo") == "other"
     assert kernels_step.category("_rms_norm_fwd_kernel") == "RMSNorm"
+    assert kernels_step.category("_rotary_kernel") == "rotary" and kernels_step.category("_swiglu_bwd_kernel") == "SwiGLU"
     with pytest.raises(ValueError, match="variant"):
         kernels_step.train("tiny", "fast", 2, data, device, steps=3)
 

@@ -5,15 +5,17 @@ import torch
 
 from helpers.finetune.lora import LoraSettings, attach_lora
 from helpers.finetune.models import ModelSpec, build_random
-from helpers.patching import use_attention, use_course_kernels, use_course_rms_norm
+from helpers import patching
+from helpers.patching import (use_attention, use_course_kernels, use_course_rms_norm, use_course_rotary,
+                              use_course_swiglu)
 
 SPEC = ModelSpec("head64", 128, 192, 2, 2, 1, vocab_size=96)  # head_dim 64, GQA 2:1
 
 
-def _model(seed=0):
+def _model(seed=0, checkpointing=False):
     model = build_random(SPEC, "cpu", seed=seed, attn="sdpa")
     torch.manual_seed(seed)
-    return attach_lora(model, LoraSettings(), gradient_checkpointing=False)
+    return attach_lora(model, LoraSettings(), gradient_checkpointing=checkpointing)
 
 
 def _batch():
@@ -33,17 +35,44 @@ def _loss_and_grads(model, batch):
     return float(loss.detach()), grads
 
 
-def test_course_kernels_train_like_the_stock_model_on_a_right_padded_batch():
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_course_kernels_train_like_the_stock_model_on_a_right_padded_batch(checkpointing):
     batch = _batch()
-    stock_loss, stock_grads = _loss_and_grads(_model(), batch)
-    course = _model()
-    assert use_course_kernels(course) == {"attention": "course", "rms_norm_modules": 2 * SPEC.num_hidden_layers + 1}
+    stock_loss, stock_grads = _loss_and_grads(_model(checkpointing=checkpointing), batch)
+    course = _model(checkpointing=checkpointing)
+    layers = SPEC.num_hidden_layers
+    assert use_course_kernels(course) == {"attention": "course", "rms_norm_modules": 2 * layers + 1,
+                                          "rotary_modules": layers, "swiglu_modules": layers}
     loss, grads = _loss_and_grads(course, batch)
     assert loss == pytest.approx(stock_loss, rel=1e-3)
     assert grads.keys() == stock_grads.keys() and len(grads) > 0
     for name, g in grads.items():
         ref = stock_grads[name]
         assert (g - ref).norm() <= 1e-2 * ref.norm(), name
+
+
+def test_rotary_swap_stays_inside_the_patched_model():
+    from transformers.models.llama import modeling_llama
+
+    stock_function = modeling_llama.apply_rotary_pos_emb
+    course = _model()
+    use_course_rotary(course)
+    calls = []
+    kernels_rotary = patching.course_rotary_pos_emb
+    patching.course_rotary_pos_emb = lambda *a, **k: calls.append(1) or kernels_rotary(*a, **k)
+    try:
+        course(**_batch())
+    finally:
+        patching.course_rotary_pos_emb = kernels_rotary
+    assert len(calls) == SPEC.num_hidden_layers  # the course's function ran in every layer
+    assert modeling_llama.apply_rotary_pos_emb is stock_function  # and transformers' is back for other models
+
+
+def test_swiglu_swap_refuses_another_activation():
+    model = _model()
+    model.get_base_model().model.layers[0].mlp.config.hidden_act = "gelu"
+    with pytest.raises(ValueError, match="gelu"):
+        use_course_swiglu(model)
 
 
 def test_left_padding_is_refused():

@@ -4,7 +4,7 @@ Every variant builds the same nf4 model (same seed), attaches the same LoRA adap
 checkpointing and trains on the same batches with the same dropout masks. "stock" is transformers +
 peft as they come (after peft's k-bit preparation its SDPA attention runs in fp32); "sdpa bf16" is
 the strongest baseline, PyTorch's fused attention in bf16; "course" swaps in the course's
-FlashAttention (bf16) and fused RMSNorm (``helpers.patching``).
+FlashAttention (bf16), fused RMSNorm, rotary embedding and SwiGLU (``helpers.patching``).
 """
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ VARIANTS = ("stock", "sdpa bf16", "course")
 # kernel name -> what it does, first match wins (CUDA kernel names of PyTorch, cuBLAS, bitsandbytes, Triton).
 # PyTorch's own RMSNorm is a handful of elementwise and reduction kernels: it lands in "other".
 CATEGORIES = (("RMSNorm", r"rms_norm"),
+              ("rotary", r"_rotary_kernel"),
+              ("SwiGLU", r"_swiglu_"),
               ("attention", r"flash|fmha|attn|attention|_fwd_kernel|_bwd_d"),
               ("nf4 dequantise", r"dequant"),
               ("matmul", r"gemm|cutlass|nvjet|sm90_|sm80_|matmul|splitk"))
