@@ -10,10 +10,11 @@ from helpers.patching import (use_attention, use_course_kernels, use_course_rms_
                               use_course_swiglu)
 
 SPEC = ModelSpec("head64", 128, 192, 2, 2, 1, vocab_size=96)  # head_dim 64, GQA 2:1
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the Triton interpreter runs on CPU tensors
 
 
 def _model(seed=0, checkpointing=False):
-    model = build_random(SPEC, "cpu", seed=seed, attn="sdpa")
+    model = build_random(SPEC, DEV, seed=seed, attn="sdpa")
     torch.manual_seed(seed)
     return attach_lora(model, LoraSettings(), gradient_checkpointing=checkpointing)
 
@@ -23,7 +24,8 @@ def _batch():
     mask = torch.ones_like(ids)
     mask[1, 17:] = 0  # right padding
     ids[1, 17:] = 0
-    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+    return {k: v.to(DEV) for k, v in batch.items()}
 
 
 def _loss_and_grads(model, batch):
