@@ -234,9 +234,10 @@ def _backward_kernel(X, B, W, DY, MEAN, RSTD, DX, PART, M, N,
         b = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)
         if HAS_W:
             w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-        acc_b = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-        acc_w = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-        acc_lb = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        # column sums, reduced over each row block as it goes (registers: three fp32 values per column)
+        acc_b = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc_w = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc_lb = tl.zeros([BLOCK_N], dtype=tl.float32)
         rows = pid * ROWS + tl.arange(0, ROWS)
         offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
         mask = _mask(rows, cols, M, N, EVEN_N)
@@ -258,8 +259,8 @@ def _backward_kernel(X, B, W, DY, MEAN, RSTD, DX, PART, M, N,
             rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)  # 0 for rows past M: they add nothing
             g, dg = _gelu_and_grad(x + b[None, :], GELU, FAST)
             xhat = (g - mean[:, None]) * rstd[:, None]
-            acc_lb += dy
-            acc_w += dy * xhat  # dy is 0 in masked lanes
+            acc_lb += tl.sum(dy, axis=0)
+            acc_w += tl.sum(dy * xhat, axis=0)  # dy is 0 in masked lanes
             if HAS_W:
                 dy = dy * w[None, :]
             c1 = tl.sum(dy * xhat, axis=1) / N
@@ -268,10 +269,10 @@ def _backward_kernel(X, B, W, DY, MEAN, RSTD, DX, PART, M, N,
             if not EVEN_N:
                 dv = tl.where(col_ok[None, :], dv, 0.0)
             tl.store(DX + offs, dv.to(DX.dtype.element_ty), mask=mask)
-            acc_b += dv
-        tl.store(part_b + cols, tl.sum(acc_b, axis=0), mask=col_ok)
-        tl.store(part_w + cols, tl.sum(acc_w, axis=0), mask=col_ok)
-        tl.store(part_lb + cols, tl.sum(acc_lb, axis=0), mask=col_ok)
+            acc_b += tl.sum(dv, axis=0)
+        tl.store(part_b + cols, acc_b, mask=col_ok)
+        tl.store(part_w + cols, acc_w, mask=col_ok)
+        tl.store(part_lb + cols, acc_lb, mask=col_ok)
     else:  # wide rows: pass 1 gets the two row sums, pass 2 writes dx and adds into this program's partial row
         for blk in range(pid, n_blocks, n_prog):
             rows = blk * ROWS + tl.arange(0, ROWS)
@@ -482,16 +483,17 @@ def backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, weight: torc
                              f"{tuple(x.shape[:-1])} on {x.device}; got {got}")
     dy = dy.contiguous()
     dx = torch.empty_like(x)
-    grads = [torch.zeros(n, dtype=x.dtype, device=x.device) for _ in range(3)]
     if x.numel() == 0:
-        return dx, *grads
+        return dx, *(torch.zeros(n, dtype=x.dtype, device=x.device) for _ in range(3))
+    grads = [torch.empty(n, dtype=x.dtype, device=x.device) for _ in range(3)]  # every column is written
     m = x.numel() // n
     cfg = config or backward_config(n, x.dtype)
     programs = max(1, min(triton.cdiv(m, cfg.rows), cfg.programs_per_sm * _sm_count(x.device)))
-    part = torch.zeros(3, programs, n, dtype=torch.float32, device=x.device)
+    single = cfg.block_n >= n  # one block a row: each program writes its whole partial rows; else it adds into them
+    part = (torch.empty if single else torch.zeros)(3, programs, n, dtype=torch.float32, device=x.device)
     _backward_kernel[(programs,)](
         x, bias, weight if weight is not None else x, dy, mean, rstd, dx, part, m, n,
-        BLOCK_N=cfg.block_n, ROWS=cfg.rows, SINGLE=cfg.block_n >= n, GELU=mode, HAS_W=weight is not None,
+        BLOCK_N=cfg.block_n, ROWS=cfg.rows, SINGLE=single, GELU=mode, HAS_W=weight is not None,
         EVEN_N=cfg.block_n == n, FAST=FAST_ASM, num_warps=cfg.num_warps)
     block_c = min(256, triton.next_power_of_2(n))
     _sum_partials_kernel[(triton.cdiv(n, block_c), 3)](part, *grads, programs, n, BLOCK_P=32, BLOCK_C=block_c,

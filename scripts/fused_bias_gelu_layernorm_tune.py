@@ -1,0 +1,105 @@
+"""Measure the fused bias + GELU + LayerNorm kernel's launch shapes on this GPU, to fill
+``fused_bias_gelu_layernorm._FORWARD_TABLE`` and ``_BACKWARD_TABLE``.
+
+    python scripts/fused_bias_gelu_layernorm_tune.py [--out sweep.json]
+
+For fp32 and bf16 and N in 1024 ... 8192 (M x N = 64M elements, as notebook 04 benchmarks), times
+every ``Config`` of a small grid (rows per program x warps x programs per SM), forward and backward
+alone, after checking each against the table's launch; prints the fastest few against the measured
+copy bandwidth. Then splits the autograd forward+backward of the table's launch into the kernels'
+time and the host's: how long Python takes to issue one call, against how long the GPU needs for it.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+
+import torch
+
+from helpers import bench, chain, require_cuda  # first: on a machine without a GPU it sets the Triton interpreter up
+from helpers.kernels import fused_bias_gelu_layernorm as K  # noqa: E402
+
+ELEMS = 1 << 26
+NS = (1024, 2048, 4096, 8192)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+GRID = {"fwd": {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16), "programs_per_sm": (1, 2, 4, 8)},
+        "bwd": {"rows": (1, 2, 4), "num_warps": (4, 8, 16), "programs_per_sm": (1, 2, 4)}}
+PER_THREAD = {"fwd": (4, 64), "bwd": (2, 32)}  # elements of a tile per thread worth trying (fewer idle, more spill)
+TIMING = {"warmup_ms": 5, "rep_ms": 25, "min_reps": 10}
+
+
+def _host_ms(fn, calls: int = 50) -> float:
+    """Milliseconds Python takes to issue ``fn`` (no synchronisation inside the loop)."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    issued = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return 1e3 * issued / calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="write every timing here (JSON)")
+    parser.add_argument("--top", type=int, default=3)
+    args = parser.parse_args()
+    require_cuda("tuning the fused kernel")
+    copy = bench.copy_bandwidth()["gbps"]
+    print(f"copy bandwidth {copy:,.0f} GB/s")
+    rows_out = []
+    for dname, n in itertools.product(DTYPES, NS):
+        dtype, m = DTYPES[dname], ELEMS // n
+        x = torch.randn(m, n, device="cuda", dtype=dtype)
+        b, w, lb = (torch.randn(n, device="cuda", dtype=dtype) for _ in range(3))
+        dy = torch.randn_like(x)
+        y_ref, mean, rstd = K.forward(x, b, w, lb)
+        dx_ref = K.backward(dy, x, b, w, mean, rstd)[0]
+        moved = {"fwd": chain.fused_forward_bytes(m, n, x.element_size()),
+                 "bwd": chain.fused_backward_bytes(m, n, x.element_size())}
+        table = {"fwd": K.forward_config(n, dtype), "bwd": K.backward_config(n, dtype)}
+        for pas in ("fwd", "bwd"):
+            timed = []
+            for rows, warps, pps in itertools.product(*GRID[pas].values()):
+                cfg = K.Config(table[pas].block_n, rows, warps, pps)
+                lo, hi = PER_THREAD[pas]
+                if not lo <= rows * cfg.block_n // (32 * warps) <= hi and cfg != table[pas]:
+                    continue
+                if pas == "fwd":
+                    run = lambda: K.forward(x, b, w, lb, config=cfg)  # noqa: E731
+                    got, ref = run()[0], y_ref
+                else:
+                    run = lambda: K.backward(dy, x, b, w, mean, rstd, config=cfg)  # noqa: E731
+                    got, ref = run()[0], dx_ref
+                if not torch.allclose(got.float(), ref.float(), rtol=1e-2, atol=1e-2):
+                    raise AssertionError(f"{pas} {dname} N={n} {cfg}: result differs from the table's launch")
+                ms = bench.time_fn(run, **TIMING).ms
+                timed.append((ms, cfg))
+                rows_out.append({"pass": pas, "dtype": dname, "N": n, "rows": rows, "num_warps": warps,
+                                 "programs_per_sm": pps, "ms": ms, "pct_copy": 100 * moved[pas] / ms / 1e6 / copy,
+                                 "table": cfg == table[pas]})
+            timed.sort(key=lambda t: t[0])
+            best = timed[0][0]
+            table_ms = next(ms for ms, cfg in timed if cfg == table[pas])
+            print(f"{pas} {dname} N={n}: table {table[pas]} {100 * moved[pas] / table_ms / 1e6 / copy:.1f}% "
+                  f"({table_ms / best - 1:+.0%} from best)")
+            for ms, cfg in timed[:args.top]:
+                print(f"    rows={cfg.rows:2d} warps={cfg.num_warps:2d} pps={cfg.programs_per_sm}: {ms * 1e3:7.1f} us "
+                      f"{100 * moved[pas] / ms / 1e6 / copy:5.1f}%")
+        leaves = [t.clone().requires_grad_() for t in (x, b, w, lb)]
+        both = lambda: torch.autograd.grad(K.fused_bias_gelu_layernorm(*leaves), leaves, dy)  # noqa: E731
+        gpu = bench.time_fn(both, **TIMING).ms
+        host = _host_ms(both)
+        print(f"fwd+bwd {dname} N={n}: {gpu * 1e3:.1f} us timed, {host * 1e3:.1f} us to issue from Python")
+        rows_out.append({"pass": "fwd+bwd", "dtype": dname, "N": n, "ms": gpu, "host_ms": host})
+        del x, dy, leaves
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"copy_gbps": copy, "records": rows_out}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
