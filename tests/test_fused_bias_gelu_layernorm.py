@@ -19,7 +19,7 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    a = a.detach().to("cpu", torch.float64)
+    a, ref = a.detach().to("cpu", torch.float64), ref.detach().to("cpu", torch.float64)
     assert not torch.isnan(a).any(), "NaN in the result (an element left unwritten?)"
     return ((a - ref).norm() / ref.norm()).item()
 

@@ -402,11 +402,11 @@ def _check(x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor | None, ln_
     if not x.is_contiguous():
         raise ValueError(f"x must be contiguous (got strides {x.stride()} for shape {tuple(x.shape)}); "
                          "call .contiguous() first")
-    if x.device.type != "cuda" and not _device.INTERPRET:
-        raise ValueError(f"x is on {x.device}; the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)")
     n = x.shape[-1]
     if n > MAX_N:
         raise ValueError(f"N = {n} is beyond what this kernel supports (N <= {MAX_N})")
+    if x.device.type != "cuda" and not _device.INTERPRET:
+        raise ValueError(f"x is on {x.device}; the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)")
     for name, t in (("bias", bias), ("weight", weight), ("ln_bias", ln_bias)):
         if t is None:
             if name == "bias":
