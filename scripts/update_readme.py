@@ -56,17 +56,21 @@ def _roofline(res: results.Result, spec: specs.GpuSpec | None) -> list[tuple[str
             ("intensity dial: compute-bound end", f"{kn['top_gflops'] / 1e3:,.1f} TFLOP/s", peak)]
 
 
+_TIMINGS = {"events": "", "graph": " (device time, CUDA graph)"}  # records without "timing" are events-timed
+
+
 def _fused(res: results.Result) -> list[tuple[str, str, str]]:
     rows = []
-    for pass_ in ("fwd", "fwd+bwd"):
+    for pass_, timing in (("fwd", "events"), ("fwd+bwd", "events"), ("fwd+bwd", "graph")):
         for dtype in ("bf16", "fp32"):
-            ms = {(r["impl"], r["N"]): r["ms"] for r in res.where(**{"pass": pass_, "dtype": dtype})}
+            picked = [r for r in res.where(**{"pass": pass_, "dtype": dtype}) if r.get("timing", "events") == timing]
+            ms = {(r["impl"], r["N"]): r["ms"] for r in picked}
             ns = sorted(n for impl, n in ms if impl == "triton")
             if not ns:
                 continue
             vs = {base: [ms[(base, n)] / ms[("triton", n)] for n in ns] for base in ("eager", "compile")}
-            pct = [100 * r["gbps"] / r["copy_gbps"] for r in res.where(impl="triton", dtype=dtype, **{"pass": pass_})]
-            rows.append((f"fused bias+GELU+LayerNorm {pass_}, {dtype}, N = {ns[0]}..{ns[-1]}",
+            pct = [100 * r["gbps"] / r["copy_gbps"] for r in picked if r["impl"] == "triton"]
+            rows.append((f"fused bias+GELU+LayerNorm {pass_}{_TIMINGS[timing]}, {dtype}, N = {ns[0]}..{ns[-1]}",
                          f"{min(vs['eager']):.1f}-{max(vs['eager']):.1f}x eager, "
                          f"{min(vs['compile']):.2f}-{max(vs['compile']):.2f}x torch.compile",
                          f"{min(pct):.0f}-{max(pct):.0f}% of the copy bandwidth"))
@@ -204,7 +208,8 @@ def summary_figure(gpu: str = "h200") -> Path | None:
     ax_a.legend()
     ns = sorted({r["N"] for r in fused.where(impl="triton", dtype="bf16")})
     for i, impl in enumerate(("eager", "compile", "triton")):
-        ms = {r["N"]: r["ms"] for r in fused.where(impl=impl, dtype="bf16", **{"pass": "fwd"})}
+        ms = {r["N"]: r["ms"] for r in fused.where(impl=impl, dtype="bf16", **{"pass": "fwd"})
+              if r.get("timing", "events") == "events"}
         ax_f.bar([x + 0.27 * i for x in range(len(ns))], [ms[n] * 1e3 for n in ns], 0.27,
                  label={"compile": "torch.compile", "triton": "fused Triton"}.get(impl, impl))
     ax_f.set_xticks([x + 0.27 for x in range(len(ns))], [f"N = {n}" for n in ns])
