@@ -56,7 +56,7 @@ def _roofline(res: results.Result, spec: specs.GpuSpec | None) -> list[tuple[str
             ("intensity dial: compute-bound end", f"{kn['top_gflops'] / 1e3:,.1f} TFLOP/s", peak)]
 
 
-_TIMINGS = {"events": "", "graph": " (device time, CUDA graph)"}  # records without "timing" are events-timed
+_TIMINGS = {"events": " (called from Python)", "graph": " (device time, CUDA graph)"}  # no "timing": events
 
 
 def _fused(res: results.Result) -> list[tuple[str, str, str]]:
@@ -70,7 +70,8 @@ def _fused(res: results.Result) -> list[tuple[str, str, str]]:
                 continue
             vs = {base: [ms[(base, n)] / ms[("triton", n)] for n in ns] for base in ("eager", "compile")}
             pct = [100 * r["gbps"] / r["copy_gbps"] for r in picked if r["impl"] == "triton"]
-            rows.append((f"fused bias+GELU+LayerNorm {pass_}{_TIMINGS[timing]}, {dtype}, N = {ns[0]}..{ns[-1]}",
+            rows.append((f"fused bias+GELU+LayerNorm {pass_}{_TIMINGS[timing] if pass_ == 'fwd+bwd' else ''}, {dtype}, "
+                         f"N = {ns[0]}..{ns[-1]}",
                          f"{min(vs['eager']):.1f}-{max(vs['eager']):.1f}x eager, "
                          f"{min(vs['compile']):.2f}-{max(vs['compile']):.2f}x torch.compile",
                          f"{min(pct):.0f}-{max(pct):.0f}% of the copy bandwidth"))
