@@ -1,13 +1,15 @@
 """Measure the fused bias + GELU + LayerNorm kernel's launch shapes on this GPU, to fill
 ``fused_bias_gelu_layernorm._FORWARD_TABLE`` and ``_BACKWARD_TABLE``.
 
-    python scripts/fused_bias_gelu_layernorm_tune.py [--out sweep.json]
+    python scripts/fused_bias_gelu_layernorm_tune.py [--ns 8192] [--block 4096] [--out sweep.json]
 
 For fp32 and bf16 and N in 1024 ... 8192 (M x N = 64M elements, as notebook 04 benchmarks), times
 every ``Config`` of a small grid (rows per program x warps x programs per SM), forward and backward
 alone, after checking each against the table's launch; prints the fastest few against the measured
 copy bandwidth. Then splits the autograd forward+backward of the table's launch into the kernels'
 time and the host's: how long Python takes to issue one call, against how long the GPU needs for it.
+``--block`` times launches with that many columns a step instead of the table's (below N: the
+kernels walk each row in chunks).
 """
 from __future__ import annotations
 
@@ -46,12 +48,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write every timing here (JSON)")
     parser.add_argument("--top", type=int, default=3)
+    parser.add_argument("--ns", type=int, nargs="+", default=list(NS), help="row widths")
+    parser.add_argument("--block", type=int, help="columns a step (default: the table's)")
     args = parser.parse_args()
     require_cuda("tuning the fused kernel")
     copy = bench.copy_bandwidth()["gbps"]
     print(f"copy bandwidth {copy:,.0f} GB/s")
     rows_out = []
-    for dname, n in itertools.product(DTYPES, NS):
+    for dname, n in itertools.product(DTYPES, args.ns):
         dtype, m = DTYPES[dname], ELEMS // n
         x = torch.randn(m, n, device="cuda", dtype=dtype)
         b, w, lb = (torch.randn(n, device="cuda", dtype=dtype) for _ in range(3))
@@ -64,7 +68,7 @@ def main() -> None:
         for pas in ("fwd", "bwd"):
             timed = []
             for rows, warps, pps in itertools.product(*GRID[pas].values()):
-                cfg = K.Config(table[pas].block_n, rows, warps, pps)
+                cfg = K.Config(args.block or table[pas].block_n, rows, warps, pps)
                 lo, hi = PER_THREAD[pas]
                 if not lo <= rows * cfg.block_n // (32 * warps) <= hi and cfg != table[pas]:
                     continue
@@ -83,12 +87,17 @@ def main() -> None:
                                  "table": cfg == table[pas]})
             timed.sort(key=lambda t: t[0])
             best = timed[0][0]
-            table_ms = next(ms for ms, cfg in timed if cfg == table[pas])
-            print(f"{pas} {dname} N={n}: table {table[pas]} {100 * moved[pas] / table_ms / 1e6 / copy:.1f}% "
-                  f"({table_ms / best - 1:+.0%} from best)")
+            table_ms = next((ms for ms, cfg in timed if cfg == table[pas]), None)
+            if table_ms is None:
+                print(f"{pas} {dname} N={n}, {args.block} columns a step:")
+            else:
+                print(f"{pas} {dname} N={n}: table {table[pas]} {100 * moved[pas] / table_ms / 1e6 / copy:.1f}% "
+                      f"({table_ms / best - 1:+.0%} from best)")
             for ms, cfg in timed[:args.top]:
                 print(f"    rows={cfg.rows:2d} warps={cfg.num_warps:2d} pps={cfg.programs_per_sm}: {ms * 1e3:7.1f} us "
                       f"{100 * moved[pas] / ms / 1e6 / copy:5.1f}%")
+        if args.block:
+            continue
         leaves = [t.clone().requires_grad_() for t in (x, b, w, lb)]
         both = lambda: torch.autograd.grad(K.fused_bias_gelu_layernorm(*leaves), leaves, dy)  # noqa: E731
         gpu = bench.time_fn(both, **TIMING).ms
