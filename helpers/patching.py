@@ -14,6 +14,7 @@ PyTorch's own fused attention that way (the strongest baseline), ``course`` the 
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import types
 
@@ -95,20 +96,35 @@ def use_course_rms_norm(model: nn.Module) -> int:
     return len(targets)
 
 
-def _with_course_rotary(forward):
-    """``forward`` of a Llama attention module, calling the course's rotary kernel where it calls
-    transformers' ``apply_rotary_pos_emb`` (a global of its module, swapped for the call only: other
-    models in the process keep transformers' function)."""
+_ROTARY_ON: contextvars.ContextVar[bool] = contextvars.ContextVar("course_rotary", default=False)
+
+
+def _install_rotary_dispatch() -> None:
+    """Once per process: transformers' Llama module-global ``apply_rotary_pos_emb`` becomes a dispatcher
+    that calls the course's kernel while a patched attention module runs (a flag of the running thread's
+    context) and transformers' own function otherwise, so other models are untouched."""
     from transformers.models.llama import modeling_llama
 
+    if getattr(modeling_llama.apply_rotary_pos_emb, "course_dispatch", False):
+        return
+    stock = modeling_llama.apply_rotary_pos_emb
+
+    def dispatch(*args, **kwargs):
+        return (course_rotary_pos_emb if _ROTARY_ON.get() else stock)(*args, **kwargs)
+
+    dispatch.course_dispatch = True
+    modeling_llama.apply_rotary_pos_emb = dispatch
+
+
+def _with_course_rotary(forward):
+    """``forward`` (a Llama attention module's) with the course's rotary kernel switched on for the call."""
     @functools.wraps(forward)
-    def wrapped(self, *args, **kwargs):
-        stock = modeling_llama.apply_rotary_pos_emb
-        modeling_llama.apply_rotary_pos_emb = course_rotary_pos_emb
+    def wrapped(*args, **kwargs):
+        token = _ROTARY_ON.set(True)
         try:
-            return forward(self, *args, **kwargs)
+            return forward(*args, **kwargs)
         finally:
-            modeling_llama.apply_rotary_pos_emb = stock
+            _ROTARY_ON.reset(token)
     return wrapped
 
 
@@ -124,12 +140,14 @@ def course_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, s
 
 
 def use_course_rotary(model: nn.Module) -> int:
-    """Make every ``LlamaAttention`` of ``model`` rotate q and k with the course's kernel; returns how many."""
+    """Make every ``LlamaAttention`` of ``model`` rotate q and k with the course's kernel (its current
+    forward kept, wrapped); returns how many."""
     from transformers.models.llama.modeling_llama import LlamaAttention
 
+    _install_rotary_dispatch()
     targets = [m for m in model.modules() if isinstance(m, LlamaAttention)]
     for module in targets:
-        module.forward = types.MethodType(_with_course_rotary(type(module).forward), module)
+        module.forward = _with_course_rotary(module.forward)
     return len(targets)
 
 
@@ -141,14 +159,17 @@ def _course_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 def use_course_swiglu(model: nn.Module) -> int:
     """Make every ``LlamaMLP`` of ``model`` compute ``silu(gate) * up`` with the course's kernel (the
-    projections unchanged); returns how many. Refuses an MLP whose activation is not SiLU."""
+    projections unchanged); returns how many. Refuses, changing nothing, if any MLP's activation is not SiLU."""
+    from transformers import activations
     from transformers.models.llama.modeling_llama import LlamaMLP
 
+    silu = tuple(t for t in (nn.SiLU, getattr(activations, "SiLUActivation", None)) if t is not None)
     targets = [m for m in model.modules() if isinstance(m, LlamaMLP)]
     for module in targets:
-        if module.config.hidden_act != "silu":
-            raise ValueError("the course's SwiGLU kernel computes silu(gate) * up; this MLP uses "
-                             f"{module.config.hidden_act}")
+        if not isinstance(module.act_fn, silu):
+            raise ValueError("the course's SwiGLU kernel computes silu(gate) * up; this MLP's activation is "
+                             f"{type(module.act_fn).__name__} ({module.config.hidden_act})")
+    for module in targets:
         module.forward = types.MethodType(_course_mlp_forward, module)
     return len(targets)
 

@@ -53,28 +53,36 @@ def test_course_kernels_train_like_the_stock_model_on_a_right_padded_batch(check
         assert (g - ref).norm() <= 1e-2 * ref.norm(), name
 
 
-def test_rotary_swap_stays_inside_the_patched_model():
-    from transformers.models.llama import modeling_llama
+def _counting(monkeypatch, module, name: str) -> list:
+    calls, fn = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or fn(*a, **k))
+    return calls
 
-    stock_function = modeling_llama.apply_rotary_pos_emb
-    course = _model()
+
+def test_rotary_swap_stays_inside_the_patched_model(monkeypatch):
+    calls = _counting(monkeypatch, patching, "course_rotary_pos_emb")
+    course, other = _model(), _model()
     use_course_rotary(course)
-    calls = []
-    kernels_rotary = patching.course_rotary_pos_emb
-    patching.course_rotary_pos_emb = lambda *a, **k: calls.append(1) or kernels_rotary(*a, **k)
-    try:
-        course(**_batch())
-    finally:
-        patching.course_rotary_pos_emb = kernels_rotary
+    course(**_batch())
     assert len(calls) == SPEC.num_hidden_layers  # the course's function ran in every layer
-    assert modeling_llama.apply_rotary_pos_emb is stock_function  # and transformers' is back for other models
+    other(**_batch())
+    assert len(calls) == SPEC.num_hidden_layers  # and an unpatched model kept transformers' function
 
 
-def test_swiglu_swap_refuses_another_activation():
+def test_swiglu_swap_runs_the_kernel_and_refuses_another_activation(monkeypatch):
+    from helpers.kernels import swiglu
+
+    calls = _counting(monkeypatch, swiglu, "swiglu")
     model = _model()
-    model.get_base_model().model.layers[0].mlp.config.hidden_act = "gelu"
-    with pytest.raises(ValueError, match="gelu"):
+    assert use_course_swiglu(model) == SPEC.num_hidden_layers
+    model(**_batch())
+    assert len(calls) == SPEC.num_hidden_layers
+    model = _model()
+    mlps = [layer.mlp for layer in model.get_base_model().model.layers]
+    mlps[-1].act_fn = torch.nn.GELU()
+    with pytest.raises(ValueError, match="GELU"):
         use_course_swiglu(model)
+    assert all("forward" not in vars(m) for m in mlps)  # refused before any swap
 
 
 def test_left_padding_is_refused():

@@ -33,7 +33,8 @@ def _qk(b, h, hkv, s, d, dtype, seed=1):
 @pytest.mark.parametrize("b,h,hkv,s,d,table_batch,general", [
     (2, 4, 2, 7, 64, 1, False),     # grouped k, one table for the batch (a batch stride of 0)
     (1, 3, 3, 5, 128, 1, False),    # an odd head count, Llama-2's head size
-    (3, 40, 8, 2, 16, 3, True),     # more heads than one block, a table per sequence, unrelated halves
+    (3, 40, 8, 2, 16, 3, True),     # a table per sequence, unrelated halves
+    (1, 40, 40, 3, 128, 1, False),  # Llama-2-13B's heads: more than one block of heads (32 at D = 128)
 ])
 def test_matches_transformers_in_float64(b, h, hkv, s, d, table_batch, general, dtype):
     cos, sin = _tables(table_batch, s, d, dtype, general=general)
