@@ -36,7 +36,7 @@ def _qk(b, h, hkv, s, d, dtype, seed=1):
     (3, 40, 8, 2, 16, 3, True),     # a table per sequence, unrelated halves
     (1, 40, 40, 3, 128, 1, False),  # Llama-2-13B's heads: more than one block of heads (32 at D = 128)
 ])
-def test_matches_transformers_in_float64(b, h, hkv, s, d, table_batch, general, dtype):
+def test_matches_transformers_in_float64(b, h, hkv, s, d, table_batch, general, dtype, poisoned):
     cos, sin = _tables(table_batch, s, d, dtype, general=general)
     q, k = _qk(b, h, hkv, s, d, dtype)
     qo, ko = rotary(q, k, cos, sin)

@@ -13,7 +13,7 @@ TOL = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(3, 1000), (2, 5, 2049), (1,)])  # one block's tail, several blocks, one element
-def test_matches_float64(shape, dtype):
+def test_matches_float64(shape, dtype, poisoned):
     g = torch.Generator().manual_seed(0)
     gate, up, dy = (4 * torch.randn(shape, generator=g) for _ in range(3))
     gate, up = (t.to(DEV, dtype).requires_grad_() for t in (gate, up))
