@@ -1,6 +1,6 @@
 """Triton kernels of the course. Import ``helpers`` (done by this package) before defining any kernel:
 on a machine without a GPU it switches Triton to its interpreter first."""
-from .. import device as _device  # noqa: F401  (sets TRITON_INTERPRET before any @triton.jit below)
+from .. import device as _device  # sets TRITON_INTERPRET before any @triton.jit below
 
 import inspect as _inspect
 
@@ -13,6 +13,13 @@ def source(kernel) -> str:
             raise TypeError(f"{kernel!r} is not a Triton kernel or a function")
         fn = fn.fn
     return _inspect.getsource(fn)
+
+
+def check_triton_device(device, what: str) -> None:
+    """Raise ValueError unless ``device`` can run the Triton kernels here (CUDA, or any device under the
+    interpreter); ``what`` names the tensors in the message."""
+    if device.type != "cuda" and not _device.INTERPRET:
+        raise ValueError(f"{what} is on {device}; the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)")
 
 
 def check_powers_of_two(config, *names: str) -> None:

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ..device import INTERPRET
+from . import check_triton_device
 
 LOG2E = 1.4426950408889634
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -264,8 +265,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if q.device.type != "cuda" and not INTERPRET:
-        raise ValueError(f"inputs are on {q.device}; the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)")
+    check_triton_device(q.device, "q, k, v")
     if q.device.type == "cuda" and q.dtype == torch.float32:
         raise TypeError("float32 attention is for the CPU interpreter; on the GPU use float16 or bfloat16")
     (b, h, sq, d), (bk, hkv, sk, dk) = q.shape, k.shape

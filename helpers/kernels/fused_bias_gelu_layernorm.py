@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernels are defined
-from . import check_powers_of_two
+from . import check_powers_of_two, check_triton_device
 
 GELU_MODES = {"none": 0, "erf": 1, "erf_fast": 2, "tanh": 3}
 AUTO_GELU = {torch.float32: "erf", torch.float16: "erf_fast", torch.bfloat16: "erf_fast"}
@@ -410,8 +410,7 @@ def _check(x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor | None, ln_
     n = x.shape[-1]
     if n > MAX_N:
         raise ValueError(f"N = {n} is beyond what this kernel supports (N <= {MAX_N})")
-    if x.device.type != "cuda" and not _device.INTERPRET:
-        raise ValueError(f"x is on {x.device}; the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)")
+    check_triton_device(x.device, "x")
     for name, t in (("bias", bias), ("weight", weight), ("ln_bias", ln_bias)):
         if t is None:
             if name == "bias":

@@ -41,7 +41,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernels are defined
+from .. import device as _device  # noqa: F401  (imported first: sets TRITON_INTERPRET before the kernels are defined)
+from . import check_triton_device
 from . import fused_bias_gelu_layernorm as _ln
 from .fused_bias_gelu_layernorm import Config, _mask, _sm_count, _sum_partials_kernel
 
@@ -220,8 +221,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> int:
         raise ValueError(f"N = {n} is beyond what this kernel supports (N <= {MAX_N})")
     if weight.device != x.device:
         raise ValueError(f"weight is on {weight.device} but x is on {x.device}; they must be on one device")
-    if x.device.type != "cuda" and not _device.INTERPRET:
-        raise ValueError(f"x is on {x.device}; the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)")
+    check_triton_device(x.device, "x")
     if n > 1 and weight.stride(0) != 1:
         raise ValueError(f"weight must be contiguous (got stride {weight.stride(0)}); call .contiguous() first")
     return n

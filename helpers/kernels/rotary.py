@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernel below
+from .. import device as _device  # noqa: F401  (imported first: sets TRITON_INTERPRET before the kernel below)
+from . import check_triton_device
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -90,8 +91,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     if len({t.device for t in (q, k, cos, sin)}) > 1:
         devices = sorted({str(t.device) for t in (q, k, cos, sin)})
         raise ValueError(f"q, k, cos and sin must be on one device, got {devices}")
-    if q.device.type != "cuda" and not _device.INTERPRET:
-        raise ValueError(f"q is on {q.device}; the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)")
+    check_triton_device(q.device, "q")
 
 
 class RotaryFunction(torch.autograd.Function):

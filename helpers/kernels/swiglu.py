@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernels below
+from .. import device as _device  # noqa: F401  (imported first: sets TRITON_INTERPRET before the kernels below)
+from . import check_triton_device
 from .nf4_gemv import _swiglu
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -73,6 +74,5 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"gate and up must share one dtype of {DTYPES}, got {gate.dtype} and {up.dtype}")
     if gate.device != up.device:
         raise ValueError(f"gate is on {gate.device} but up is on {up.device}; they must be on one device")
-    if gate.device.type != "cuda" and not _device.INTERPRET:
-        raise ValueError(f"gate is on {gate.device}; the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)")
+    check_triton_device(gate.device, "gate")
     return SwiGLUFunction.apply(gate.contiguous(), up.contiguous())
