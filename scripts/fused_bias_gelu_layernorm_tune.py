@@ -4,7 +4,8 @@
     python scripts/fused_bias_gelu_layernorm_tune.py [--ns 8192] [--block 4096] [--out sweep.json]
 
 For fp32 and bf16 and N in 1024 ... 8192 (M x N = 64M elements, as notebook 04 benchmarks), times
-every ``Config`` of a small grid (rows per program x warps x programs per SM), forward and backward
+every ``Config`` of a small grid (rows per program x warps x programs per SM x prefetch; the forward
+also with one program per row block), forward and backward
 alone, after checking each against the table's launch; prints the fastest few against the measured
 copy bandwidth. Then splits the autograd forward+backward of the table's launch into the kernels'
 time and the host's: how long Python takes to issue one call, against how long the GPU needs for it.
@@ -26,8 +27,9 @@ from helpers.kernels import fused_bias_gelu_layernorm as K  # noqa: E402
 ELEMS = 1 << 26
 NS = (1024, 2048, 4096, 8192)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-GRID = {"fwd": {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16), "programs_per_sm": (1, 2, 4, 8)},
-        "bwd": {"rows": (1, 2, 4), "num_warps": (4, 8, 16), "programs_per_sm": (1, 2, 4)}}
+GRID = {"fwd": {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16), "programs_per_sm": (1, 2, 4, 8, None),
+                "prefetch": (True, False)},
+        "bwd": {"rows": (1, 2, 4), "num_warps": (4, 8, 16), "programs_per_sm": (1, 2, 4), "prefetch": (True, False)}}
 PER_THREAD = {"fwd": (4, 64), "bwd": (2, 32)}  # elements of a tile per thread worth trying (fewer idle, more spill)
 TIMING = {"warmup_ms": 5, "rep_ms": 25, "min_reps": 10}
 
@@ -67,8 +69,10 @@ def main() -> None:
         table = {"fwd": K.forward_config(n, dtype), "bwd": K.backward_config(n, dtype)}
         for pas in ("fwd", "bwd"):
             timed = []
-            for rows, warps, pps in itertools.product(*GRID[pas].values()):
-                cfg = K.Config(args.block or table[pas].block_n, rows, warps, pps)
+            for rows, warps, pps, prefetch in itertools.product(*GRID[pas].values()):
+                if pps is None and not prefetch:  # one row block a program: nothing to prefetch either way
+                    continue
+                cfg = K.Config(args.block or table[pas].block_n, rows, warps, pps, prefetch)
                 lo, hi = PER_THREAD[pas]
                 if not lo <= rows * cfg.block_n // (32 * warps) <= hi and cfg != table[pas]:
                     continue
@@ -83,7 +87,7 @@ def main() -> None:
                 ms = bench.time_fn(run, **TIMING).ms
                 timed.append((ms, cfg))
                 rows_out.append({"pass": pas, "dtype": dname, "N": n, "rows": rows, "num_warps": warps,
-                                 "programs_per_sm": pps, "ms": ms, "pct_copy": 100 * moved[pas] / ms / 1e6 / copy,
+                                 "programs_per_sm": pps, "prefetch": cfg.prefetches(m, x.device), "ms": ms, "pct_copy": 100 * moved[pas] / ms / 1e6 / copy,
                                  "table": cfg == table[pas]})
             timed.sort(key=lambda t: t[0])
             best = timed[0][0]
@@ -94,7 +98,8 @@ def main() -> None:
                 print(f"{pas} {dname} N={n}: table {table[pas]} {100 * moved[pas] / table_ms / 1e6 / copy:.1f}% "
                       f"({table_ms / best - 1:+.0%} from best)")
             for ms, cfg in timed[:args.top]:
-                print(f"    rows={cfg.rows:2d} warps={cfg.num_warps:2d} pps={cfg.programs_per_sm}: {ms * 1e3:7.1f} us "
+                print(f"    rows={cfg.rows:2d} warps={cfg.num_warps:2d} pps={cfg.programs_per_sm} "
+                      f"prefetch={cfg.prefetches(m, x.device)}: {ms * 1e3:7.1f} us "
                       f"{100 * moved[pas] / ms / 1e6 / copy:5.1f}%")
         if args.block:
             continue

@@ -57,6 +57,9 @@ CASES = [  # (M, N, config): odd N, a partial last row block, rows wider than on
     (3, 64, None),
     (9, 3000, K.Config(1024, 2, 4)),   # chunked path, two rows per program, M odd
     (4, 700, K.Config(256, 1, 4)),     # chunked path, last chunk partial
+    (37, 1000, K.Config(1024, 2, 4, programs_per_sm=None)),               # one program per row block
+    (37, 1000, K.Config(1024, 1, 4, programs_per_sm=1)),                  # each program loops, prefetching
+    (37, 1000, K.Config(1024, 4, 2, programs_per_sm=1, prefetch=False)),  # ... loading as it goes
 ]
 
 
@@ -125,8 +128,7 @@ def test_backward_matches_float64(m, n, cfg, dtype, poisoned):
     x, b, w, lb = inputs(m, n, dtype)
     dy = torch.randn(m, n).to(DEV, dtype)
     _, mean, rstd = K.forward(x, b, w, lb, config=cfg)
-    bcfg = None if cfg is None else K.Config(cfg.block_n, cfg.rows, cfg.num_warps, programs_per_sm=1)
-    got = K.backward(dy, x, b, w, mean, rstd, config=bcfg)
+    got = K.backward(dy, x, b, w, mean, rstd, config=cfg)
     for name, g, ref in zip(("dx", "dbias", "dweight", "dln_bias"), got, grads64(x, b, w, lb, dy)):
         assert g.dtype == dtype
         assert rel_err(g, ref) < TOL[dtype], name
@@ -219,6 +221,8 @@ def test_bad_input_is_a_clear_error():
         K.backward(x[:2], x, b, w, torch.zeros(4), torch.ones(4))
     with pytest.raises(ValueError, match="power of two"):
         K.Config(1000, 1, 4)
+    with pytest.raises(ValueError, match="programs_per_sm"):
+        K.Config(1024, 1, 4, programs_per_sm=0)
 
 
 def test_backward_refuses_statistics_that_do_not_belong_to_x():

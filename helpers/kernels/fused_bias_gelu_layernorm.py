@@ -130,8 +130,9 @@ def _mask(rows, cols, M, N, EVEN_N: tl.constexpr):
 def _forward_kernel(X, B, W, LB, Y, MEAN, RSTD, M, N, eps,
                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, GELU: tl.constexpr,
                     LAYERNORM: tl.constexpr, HAS_W: tl.constexpr, HAS_LB: tl.constexpr, EVEN_N: tl.constexpr,
-                    FAST: tl.constexpr):
-    """Program p handles row blocks p, p + P, p + 2P, ... (P programs in the grid)."""
+                    FAST: tl.constexpr, PREFETCH: tl.constexpr):
+    """Program p handles row blocks p, p + P, p + 2P, ... (P programs in the grid); with PREFETCH each
+    program loads its next row block while it computes the current one."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     n_blocks = tl.cdiv(M, ROWS)
@@ -144,19 +145,22 @@ def _forward_kernel(X, B, W, LB, Y, MEAN, RSTD, M, N, eps,
             w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
         if HAS_LB:
             lb = tl.load(LB + cols, mask=col_ok, other=0.0).to(tl.float32)
-        # prefetch: the next row block is loaded while this one is computed (more bytes in flight)
-        rows = pid * ROWS + tl.arange(0, ROWS)
-        x_next = tl.load(X + rows.to(tl.int64)[:, None] * N + cols[None, :],
-                         mask=_mask(rows, cols, M, N, EVEN_N), other=0.0)
+        if PREFETCH:  # the next row block is loaded while this one is computed (more bytes in flight)
+            rows = pid * ROWS + tl.arange(0, ROWS)
+            x_next = tl.load(X + rows.to(tl.int64)[:, None] * N + cols[None, :],
+                             mask=_mask(rows, cols, M, N, EVEN_N), other=0.0)
         for blk in range(pid, n_blocks, n_prog):
             rows = blk * ROWS + tl.arange(0, ROWS)
             row_ok = rows < M
             offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
             mask = _mask(rows, cols, M, N, EVEN_N)
-            x = x_next.to(tl.float32)
-            nxt = rows + n_prog * ROWS
-            x_next = tl.load(X + nxt.to(tl.int64)[:, None] * N + cols[None, :],
-                             mask=_mask(nxt, cols, M, N, EVEN_N), other=0.0)
+            if PREFETCH:
+                x = x_next.to(tl.float32)
+                nxt = rows + n_prog * ROWS
+                x_next = tl.load(X + nxt.to(tl.int64)[:, None] * N + cols[None, :],
+                                 mask=_mask(nxt, cols, M, N, EVEN_N), other=0.0)
+            else:
+                x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
             y = _gelu(x + b[None, :], GELU, FAST)  # 0 in masked lanes: GELU(0) = 0
             if LAYERNORM:
                 mean = tl.sum(y, axis=1) / N
@@ -220,9 +224,9 @@ def _forward_kernel(X, B, W, LB, Y, MEAN, RSTD, M, N, eps,
 @triton.jit
 def _backward_kernel(X, B, W, DY, MEAN, RSTD, DX, PART, M, N,
                      BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, GELU: tl.constexpr,
-                     HAS_W: tl.constexpr, EVEN_N: tl.constexpr, FAST: tl.constexpr):
-    """Program p walks row blocks p, p + P, ...; PART[k, p, :] gets its partial column sums of
-    k = 0: d(bias) = dv, 1: d(weight) = dy * xhat, 2: d(ln_bias) = dy."""
+                     HAS_W: tl.constexpr, EVEN_N: tl.constexpr, FAST: tl.constexpr, PREFETCH: tl.constexpr):
+    """Program p walks row blocks p, p + P, ... (prefetching as the forward does); PART[k, p, :] gets its
+    partial column sums of k = 0: d(bias) = dv, 1: d(weight) = dy * xhat, 2: d(ln_bias) = dy."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     n_blocks = tl.cdiv(M, ROWS)
@@ -239,23 +243,28 @@ def _backward_kernel(X, B, W, DY, MEAN, RSTD, DX, PART, M, N,
         acc_b = tl.zeros([BLOCK_N], dtype=tl.float32)
         acc_w = tl.zeros([BLOCK_N], dtype=tl.float32)
         acc_lb = tl.zeros([BLOCK_N], dtype=tl.float32)
-        rows = pid * ROWS + tl.arange(0, ROWS)
-        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-        mask = _mask(rows, cols, M, N, EVEN_N)
-        x_next = tl.load(X + offs, mask=mask, other=0.0)
-        dy_next = tl.load(DY + offs, mask=mask, other=0.0)
+        if PREFETCH:
+            rows = pid * ROWS + tl.arange(0, ROWS)
+            offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+            mask = _mask(rows, cols, M, N, EVEN_N)
+            x_next = tl.load(X + offs, mask=mask, other=0.0)
+            dy_next = tl.load(DY + offs, mask=mask, other=0.0)
         for blk in range(pid, n_blocks, n_prog):
             rows = blk * ROWS + tl.arange(0, ROWS)
             row_ok = rows < M
             mask = _mask(rows, cols, M, N, EVEN_N)
             offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-            x = x_next.to(tl.float32)
-            dy = dy_next.to(tl.float32)
-            nxt = rows + n_prog * ROWS
-            n_offs = nxt.to(tl.int64)[:, None] * N + cols[None, :]
-            n_mask = _mask(nxt, cols, M, N, EVEN_N)
-            x_next = tl.load(X + n_offs, mask=n_mask, other=0.0)
-            dy_next = tl.load(DY + n_offs, mask=n_mask, other=0.0)
+            if PREFETCH:
+                x = x_next.to(tl.float32)
+                dy = dy_next.to(tl.float32)
+                nxt = rows + n_prog * ROWS
+                n_offs = nxt.to(tl.int64)[:, None] * N + cols[None, :]
+                n_mask = _mask(nxt, cols, M, N, EVEN_N)
+                x_next = tl.load(X + n_offs, mask=n_mask, other=0.0)
+                dy_next = tl.load(DY + n_offs, mask=n_mask, other=0.0)
+            else:
+                x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
             mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)
             rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)  # 0 for rows past M: they add nothing
             g, dg = _gelu_and_grad(x + b[None, :], GELU, FAST)
@@ -342,18 +351,30 @@ def _sum_partials_kernel(PART, OUT_B, OUT_W, OUT_LB, P, N, BLOCK_P: tl.constexpr
 @dataclass(frozen=True)
 class Config:
     """How a launch is cut: ``block_n`` columns per step (the row fits in one block when
-    ``block_n >= N``), ``rows`` rows per program, ``num_warps`` warps per program; for the backward,
-    ``programs_per_sm`` programs per multiprocessor (each loops over row blocks)."""
+    ``block_n >= N``), ``rows`` rows per block, ``num_warps`` warps per program, at most
+    ``programs_per_sm`` programs per multiprocessor, each looping over row blocks (``None``: one program
+    per row block, no loop); ``prefetch`` loads a program's next row block while it computes the
+    current one (with one block a row; ignored when each program has one row block)."""
 
     block_n: int
     rows: int
     num_warps: int
-    programs_per_sm: int = 1
+    programs_per_sm: int | None = 1
+    prefetch: bool = True
 
     def __post_init__(self):
         check_powers_of_two(self, "block_n", "rows", "num_warps")
-        if self.programs_per_sm < 1:
-            raise ValueError(f"Config.programs_per_sm must be >= 1, got {self.programs_per_sm}")
+        if self.programs_per_sm is not None and self.programs_per_sm < 1:
+            raise ValueError(f"Config.programs_per_sm must be >= 1 or None, got {self.programs_per_sm}")
+
+    def programs(self, m: int, device: torch.device) -> int:
+        """Programs in the grid for ``m`` rows on ``device``."""
+        blocks = max(1, triton.cdiv(m, self.rows))
+        return blocks if self.programs_per_sm is None else min(blocks, self.programs_per_sm * _sm_count(device))
+
+    def prefetches(self, m: int, device: torch.device) -> bool:
+        """Whether the launch prefetches (only worth it when a program has more than one row block)."""
+        return self.prefetch and self.programs(m, device) < triton.cdiv(m, self.rows)
 
 
 # Measured on the H200 by scripts/fused_bias_gelu_layernorm_tune.py (rows x warps x programs per SM at
@@ -459,12 +480,12 @@ def forward(x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor | None = N
         return y, *stats
     m = x.numel() // n
     cfg = config or forward_config(n, x.dtype)
-    programs = max(1, min(triton.cdiv(m, cfg.rows), cfg.programs_per_sm * _sm_count(x.device)))
+    programs = cfg.programs(m, x.device)
     _forward_kernel[(programs,)](
         x, bias, weight if weight is not None else x, ln_bias if ln_bias is not None else x, y, mean, rstd,
         m, n, eps, BLOCK_N=cfg.block_n, ROWS=cfg.rows, SINGLE=cfg.block_n >= n, GELU=mode, LAYERNORM=layernorm,
         HAS_W=weight is not None, HAS_LB=ln_bias is not None, EVEN_N=cfg.block_n == n, FAST=FAST_ASM,
-        num_warps=cfg.num_warps)
+        PREFETCH=cfg.prefetches(m, x.device), num_warps=cfg.num_warps)
     return y, *stats
 
 
@@ -491,13 +512,13 @@ def backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, weight: torc
     grads = torch.empty(3, n, dtype=x.dtype, device=x.device).unbind(0)  # every column is written
     m = x.numel() // n
     cfg = config or backward_config(n, x.dtype)
-    programs = max(1, min(triton.cdiv(m, cfg.rows), cfg.programs_per_sm * _sm_count(x.device)))
+    programs = cfg.programs(m, x.device)
     single = cfg.block_n >= n  # one block a row: each program writes its whole partial rows; else it adds into them
     part = (torch.empty if single else torch.zeros)(3, programs, n, dtype=torch.float32, device=x.device)
     _backward_kernel[(programs,)](
         x, bias, weight if weight is not None else x, dy, mean, rstd, dx, part, m, n,
         BLOCK_N=cfg.block_n, ROWS=cfg.rows, SINGLE=single, GELU=mode, HAS_W=weight is not None,
-        EVEN_N=cfg.block_n == n, FAST=FAST_ASM, num_warps=cfg.num_warps)
+        EVEN_N=cfg.block_n == n, FAST=FAST_ASM, PREFETCH=cfg.prefetches(m, x.device), num_warps=cfg.num_warps)
     block_c = min(256, triton.next_power_of_2(n))
     _sum_partials_kernel[(triton.cdiv(n, block_c), 3)](part, *grads, programs, n, BLOCK_P=32, BLOCK_C=block_c,
                                                        num_warps=4)
