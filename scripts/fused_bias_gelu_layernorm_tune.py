@@ -27,8 +27,8 @@ from helpers.kernels import fused_bias_gelu_layernorm as K  # noqa: E402
 ELEMS = 1 << 26
 NS = (1024, 2048, 4096, 8192)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-GRID = {"fwd": {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16), "programs_per_sm": (1, 2, 4, 8, None),
-                "prefetch": (True, False)},
+GRID = {"fwd": {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16), "programs_per_sm": (1, 2, 4, 8),
+                "prefetch": (True, 2, 3)},
         "bwd": {"rows": (1, 2, 4), "num_warps": (4, 8, 16), "programs_per_sm": (1, 2, 4), "prefetch": (True, False)}}
 PER_THREAD = {"fwd": (4, 64), "bwd": (2, 32)}  # elements of a tile per thread worth trying (fewer idle, more spill)
 TIMING = {"warmup_ms": 5, "rep_ms": 25, "min_reps": 10}
@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=3)
     parser.add_argument("--ns", type=int, nargs="+", default=list(NS), help="row widths")
     parser.add_argument("--block", type=int, help="columns a step (default: the table's)")
+    parser.add_argument("--passes", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"])
     args = parser.parse_args()
     require_cuda("tuning the fused kernel")
     copy = bench.copy_bandwidth()["gbps"]
@@ -67,12 +68,13 @@ def main() -> None:
         moved = {"fwd": chain.fused_forward_bytes(m, n, x.element_size()),
                  "bwd": chain.fused_backward_bytes(m, n, x.element_size())}
         table = {"fwd": K.forward_config(n, dtype), "bwd": K.backward_config(n, dtype)}
-        for pas in ("fwd", "bwd"):
+        for pas in args.passes:
             timed = []
             for rows, warps, pps, prefetch in itertools.product(*GRID[pas].values()):
                 if pps is None and not prefetch:  # one row block a program: nothing to prefetch either way
                     continue
-                cfg = K.Config(args.block or table[pas].block_n, rows, warps, pps, prefetch)
+                stages = 1 if isinstance(prefetch, bool) else prefetch
+                cfg = K.Config(args.block or table[pas].block_n, rows, warps, pps, prefetch is True, stages)
                 lo, hi = PER_THREAD[pas]
                 if not lo <= rows * cfg.block_n // (32 * warps) <= hi and cfg != table[pas]:
                     continue
@@ -99,9 +101,9 @@ def main() -> None:
                       f"({table_ms / best - 1:+.0%} from best)")
             for ms, cfg in timed[:args.top]:
                 print(f"    rows={cfg.rows:2d} warps={cfg.num_warps:2d} pps={cfg.programs_per_sm} "
-                      f"prefetch={cfg.prefetches(m, x.device)}: {ms * 1e3:7.1f} us "
+                      f"prefetch={cfg.prefetches(m, x.device)} stages={cfg.stages}: {ms * 1e3:7.1f} us "
                       f"{100 * moved[pas] / ms / 1e6 / copy:5.1f}%")
-        if args.block:
+        if args.block or len(args.passes) < 2:
             continue
         leaves = [t.clone().requires_grad_() for t in (x, b, w, lb)]
         both = lambda: torch.autograd.grad(K.fused_bias_gelu_layernorm(*leaves), leaves, dy)  # noqa: E731

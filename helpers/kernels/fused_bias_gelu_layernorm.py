@@ -130,7 +130,7 @@ def _mask(rows, cols, M, N, EVEN_N: tl.constexpr):
 def _forward_kernel(X, B, W, LB, Y, MEAN, RSTD, M, N, eps,
                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, GELU: tl.constexpr,
                     LAYERNORM: tl.constexpr, HAS_W: tl.constexpr, HAS_LB: tl.constexpr, EVEN_N: tl.constexpr,
-                    FAST: tl.constexpr, PREFETCH: tl.constexpr):
+                    FAST: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr):
     """Program p handles row blocks p, p + P, p + 2P, ... (P programs in the grid); with PREFETCH each
     program loads its next row block while it computes the current one."""
     pid = tl.program_id(0)
@@ -149,7 +149,7 @@ def _forward_kernel(X, B, W, LB, Y, MEAN, RSTD, M, N, eps,
             rows = pid * ROWS + tl.arange(0, ROWS)
             x_next = tl.load(X + rows.to(tl.int64)[:, None] * N + cols[None, :],
                              mask=_mask(rows, cols, M, N, EVEN_N), other=0.0)
-        for blk in range(pid, n_blocks, n_prog):
+        for blk in tl.range(pid, n_blocks, n_prog, num_stages=STAGES):
             rows = blk * ROWS + tl.arange(0, ROWS)
             row_ok = rows < M
             offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
@@ -361,6 +361,7 @@ class Config:
     num_warps: int
     programs_per_sm: int | None = 1
     prefetch: bool = True
+    stages: int = 1
 
     def __post_init__(self):
         check_powers_of_two(self, "block_n", "rows", "num_warps")
@@ -485,7 +486,7 @@ def forward(x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor | None = N
         x, bias, weight if weight is not None else x, ln_bias if ln_bias is not None else x, y, mean, rstd,
         m, n, eps, BLOCK_N=cfg.block_n, ROWS=cfg.rows, SINGLE=cfg.block_n >= n, GELU=mode, LAYERNORM=layernorm,
         HAS_W=weight is not None, HAS_LB=ln_bias is not None, EVEN_N=cfg.block_n == n, FAST=FAST_ASM,
-        PREFETCH=cfg.prefetches(m, x.device), num_warps=cfg.num_warps)
+        PREFETCH=cfg.prefetches(m, x.device), STAGES=cfg.stages, num_warps=cfg.num_warps)
     return y, *stats
 
 
