@@ -20,6 +20,7 @@ import json
 import time
 
 import torch
+import triton
 
 from helpers import bench, chain, require_cuda  # first: on a machine without a GPU it sets the Triton interpreter up
 from helpers.kernels import fused_bias_gelu_layernorm as K  # noqa: E402
@@ -28,7 +29,7 @@ ELEMS = 1 << 26
 NS = (1024, 2048, 4096, 8192)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 GRID = {"fwd": {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16), "programs_per_sm": (1, 2, 4, 8),
-                "prefetch": (True, 2, 3)},
+                "prefetch": (True, 3, 4)},
         "bwd": {"rows": (1, 2, 4), "num_warps": (4, 8, 16), "programs_per_sm": (1, 2, 4), "prefetch": (True, False)}}
 PER_THREAD = {"fwd": (4, 64), "bwd": (2, 32)}  # elements of a tile per thread worth trying (fewer idle, more spill)
 TIMING = {"warmup_ms": 5, "rep_ms": 25, "min_reps": 10}
@@ -80,10 +81,14 @@ def main() -> None:
                     continue
                 if pas == "fwd":
                     run = lambda: K.forward(x, b, w, lb, config=cfg)  # noqa: E731
-                    got, ref = run()[0], y_ref
+                    ref = y_ref
                 else:
                     run = lambda: K.backward(dy, x, b, w, mean, rstd, config=cfg)  # noqa: E731
-                    got, ref = run()[0], dx_ref
+                    ref = dx_ref
+                try:
+                    got = run()[0]
+                except triton.runtime.errors.OutOfResources:  # pipelined stages beyond shared memory
+                    continue
                 if not torch.allclose(got.float(), ref.float(), rtol=1e-2, atol=1e-2):
                     raise AssertionError(f"{pas} {dname} N={n} {cfg}: result differs from the table's launch")
                 ms = bench.time_fn(run, **TIMING).ms
