@@ -4,8 +4,8 @@
     python scripts/fused_bias_gelu_layernorm_tune.py [--ns 8192] [--block 4096] [--out sweep.json]
 
 For fp32 and bf16 and N in 1024 ... 8192 (M x N = 64M elements, as notebook 04 benchmarks), times
-every ``Config`` of a small grid (rows per program x warps x programs per SM x prefetch; the forward
-also with one program per row block), forward and backward
+every ``Config`` of a small grid (rows per program x warps x programs per SM x how the next row block
+is loaded: prefetched, on demand (backward), or through a pipelined loop (forward)), forward and backward
 alone, after checking each against the table's launch; prints the fastest few against the measured
 copy bandwidth. Then splits the autograd forward+backward of the table's launch into the kernels'
 time and the host's: how long Python takes to issue one call, against how long the GPU needs for it.
@@ -29,8 +29,8 @@ ELEMS = 1 << 26
 NS = (1024, 2048, 4096, 8192)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 GRID = {"fwd": {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16), "programs_per_sm": (1, 2, 4, 8),
-                "prefetch": (True, 3, 4)},
-        "bwd": {"rows": (1, 2, 4), "num_warps": (4, 8, 16), "programs_per_sm": (1, 2, 4), "prefetch": (True, False)}}
+                "loads": ("prefetch", 3, 4)},  # the next row block prefetched, or the loop pipelined in 3 or 4 stages
+        "bwd": {"rows": (1, 2, 4), "num_warps": (4, 8, 16), "programs_per_sm": (1, 2, 4), "loads": ("prefetch", 1)}}
 PER_THREAD = {"fwd": (4, 64), "bwd": (2, 32)}  # elements of a tile per thread worth trying (fewer idle, more spill)
 TIMING = {"warmup_ms": 5, "rep_ms": 25, "min_reps": 10}
 
@@ -71,11 +71,9 @@ def main() -> None:
         table = {"fwd": K.forward_config(n, dtype), "bwd": K.backward_config(n, dtype)}
         for pas in args.passes:
             timed = []
-            for rows, warps, pps, prefetch in itertools.product(*GRID[pas].values()):
-                if pps is None and not prefetch:  # one row block a program: nothing to prefetch either way
-                    continue
-                stages = 1 if isinstance(prefetch, bool) else prefetch
-                cfg = K.Config(args.block or table[pas].block_n, rows, warps, pps, prefetch is True, stages)
+            for rows, warps, pps, loads in itertools.product(*GRID[pas].values()):
+                prefetch, stages = (True, 1) if loads == "prefetch" else (False, loads)
+                cfg = K.Config(args.block or table[pas].block_n, rows, warps, pps, prefetch, stages)
                 lo, hi = PER_THREAD[pas]
                 if not lo <= rows * cfg.block_n // (32 * warps) <= hi and cfg != table[pas]:
                     continue
@@ -94,7 +92,8 @@ def main() -> None:
                 ms = bench.time_fn(run, **TIMING).ms
                 timed.append((ms, cfg))
                 rows_out.append({"pass": pas, "dtype": dname, "N": n, "rows": rows, "num_warps": warps,
-                                 "programs_per_sm": pps, "prefetch": cfg.prefetches(m, x.device), "ms": ms, "pct_copy": 100 * moved[pas] / ms / 1e6 / copy,
+                                 "programs_per_sm": pps, "prefetch": cfg.prefetches(m, x.device), "stages": stages,
+                                 "ms": ms, "pct_copy": 100 * moved[pas] / ms / 1e6 / copy,
                                  "table": cfg == table[pas]})
             timed.sort(key=lambda t: t[0])
             best = timed[0][0]

@@ -60,6 +60,7 @@ CASES = [  # (M, N, config): odd N, a partial last row block, rows wider than on
     (37, 1000, K.Config(1024, 2, 4, programs_per_sm=None)),               # one program per row block
     (37, 1000, K.Config(1024, 1, 4, programs_per_sm=1)),                  # each program loops, prefetching
     (37, 1000, K.Config(1024, 4, 2, programs_per_sm=1, prefetch=False)),  # ... loading as it goes
+    (37, 1000, K.Config(1024, 2, 2, programs_per_sm=1, prefetch=False, stages=3)),  # a pipelined loop (forward)
 ]
 
 
@@ -223,6 +224,8 @@ def test_bad_input_is_a_clear_error():
         K.Config(1000, 1, 4)
     with pytest.raises(ValueError, match="programs_per_sm"):
         K.Config(1024, 1, 4, programs_per_sm=0)
+    with pytest.raises(ValueError, match="stages"):
+        K.Config(1024, 1, 4, stages=0)
 
 
 def test_backward_refuses_statistics_that_do_not_belong_to_x():

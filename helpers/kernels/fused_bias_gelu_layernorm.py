@@ -354,7 +354,9 @@ class Config:
     ``block_n >= N``), ``rows`` rows per block, ``num_warps`` warps per program, at most
     ``programs_per_sm`` programs per multiprocessor, each looping over row blocks (``None``: one program
     per row block, no loop); ``prefetch`` loads a program's next row block while it computes the
-    current one (with one block a row; ignored when each program has one row block)."""
+    current one (with one block a row; ignored when each program has one row block); ``stages`` > 1 has
+    Triton software-pipeline the forward's row-block loop instead (``tl.range(num_stages=stages)``: the loads
+    of the next ``stages - 1`` blocks go to shared memory as asynchronous copies; the forward only)."""
 
     block_n: int
     rows: int
@@ -367,6 +369,8 @@ class Config:
         check_powers_of_two(self, "block_n", "rows", "num_warps")
         if self.programs_per_sm is not None and self.programs_per_sm < 1:
             raise ValueError(f"Config.programs_per_sm must be >= 1 or None, got {self.programs_per_sm}")
+        if self.stages < 1:
+            raise ValueError(f"Config.stages must be >= 1, got {self.stages}")
 
     def programs(self, m: int, device: torch.device) -> int:
         """Programs in the grid for ``m`` rows on ``device``."""
@@ -378,13 +382,15 @@ class Config:
         return self.prefetch and self.programs(m, device) < triton.cdiv(m, self.rows)
 
 
-# Measured on the H200 by scripts/fused_bias_gelu_layernorm_tune.py (rows x warps x programs per SM at
-# M x N = 64M elements; the backward's at commit 506ef86, the forward's entries within 2% of that sweep's best):
-# (bits per element, block) -> (rows per program, warps, programs per SM)
-_FORWARD_TABLE = {(16, 1024): (1, 2, 8), (16, 2048): (2, 2, 4), (16, 4096): (2, 4, 2), (16, 8192): (1, 16, 2),
-                  (32, 1024): (1, 2, 8), (32, 2048): (1, 4, 4), (32, 4096): (1, 8, 2), (32, 8192): (1, 16, 2)}
-_BACKWARD_TABLE = {(16, 1024): (4, 4, 2), (16, 2048): (2, 4, 2), (16, 4096): (2, 16, 1), (16, 8192): (1, 8, 1),
-                   (32, 1024): (4, 4, 2), (32, 2048): (1, 8, 2), (32, 4096): (1, 16, 1), (32, 8192): (1, 8, 1)}
+# Measured on the H200 by scripts/fused_bias_gelu_layernorm_tune.py (M x N = 64M elements; the forward's at
+# commit 3c86660, the backward's at 506ef86 and, for N = 8192, 9e722a6): (bits per element, block) ->
+# (rows per block, warps, programs per SM, prefetch[, pipeline stages])
+_FORWARD_TABLE = {(16, 1024): (4, 2, 4, False, 4), (16, 2048): (2, 2, 4, True), (16, 4096): (2, 4, 2, True),
+                  (16, 8192): (1, 16, 1, True),
+                  (32, 1024): (1, 2, 8, False, 3), (32, 2048): (2, 4, 8, False, 3), (32, 4096): (1, 4, 2, False, 4),
+                  (32, 8192): (1, 16, 1, True)}
+_BACKWARD_TABLE = {(16, 1024): (4, 4, 2), (16, 2048): (2, 4, 2), (16, 4096): (2, 16, 1), (16, 8192): (1, 16, 1, False),
+                   (32, 1024): (4, 4, 2), (32, 2048): (1, 8, 2), (32, 4096): (1, 16, 1), (32, 8192): (1, 16, 1, False)}
 
 
 @functools.lru_cache(maxsize=None)
