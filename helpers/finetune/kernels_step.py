@@ -146,3 +146,27 @@ def step_breakdown(model_name: str, variant: str, batch_size: int, data: Tokeniz
     for r in rows:
         out[category(r["name"])] = out.get(category(r["name"]), 0.0) + r["calls"] * r["us_per_call"] / 1e3
     return out
+
+
+def step_pacing(model_name: str, variant: str, batch_size: int, data: TokenizedData, device: torch.device,
+                steps: int = 8, max_len: int | None = 1024, seed: int = 0,
+                built: tuple[torch.nn.Module, dict] | None = None) -> dict:
+    """Who sets the pace of a training step: the same ``steps`` batches (after one warm-up batch) are
+    trained twice, timed with the device synchronised around each step (``wall_ms``), then under the
+    profiler (``kernel_ms``: the time the device spends in kernels; on a CPU, in ``aten`` operators).
+    The rest of the wall time (``idle_ms``) the device waits for the host; no kernel can take it."""
+    model, _ = built or build(model_name, variant, data, device, seed)
+    batches = make_batches(data.token_ids, batch_size, steps + 1, max_len, seed=seed)
+    warm_up(model, batches, device)
+    wall = statistics.fmean(timed_steps(model, batches, device, 1, None)[0])
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
+    todo = iter(batches)
+
+    def step() -> None:
+        model(**{k: v.to(device) for k, v in next(todo).items()}).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    kernels = sum(r["calls"] * r["us_per_call"] for r in profile_kernels(step, reps=steps)) / 1e6
+    return {"model": model_name, "variant": variant, "batch_size": batch_size, "steps": steps,
+            "wall_ms": 1e3 * wall, "kernel_ms": 1e3 * kernels, "idle_ms": 1e3 * max(0.0, wall - kernels)}
