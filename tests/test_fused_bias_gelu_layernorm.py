@@ -57,7 +57,7 @@ CASES = [  # (M, N, config): odd N, a partial last row block, rows wider than on
     (3, 64, None),
     (9, 3000, K.Config(1024, 2, 4)),   # chunked path, two rows per program, M odd
     (4, 700, K.Config(256, 1, 4)),     # chunked path, last chunk partial
-    (37, 1000, K.Config(1024, 2, 4, programs_per_sm=None)),               # one program per row block
+    (37, 1000, K.Config(1024, 2, 4, programs_per_sm=64)),                 # one program per row block
     (37, 1000, K.Config(1024, 1, 4, programs_per_sm=1)),                  # each program loops, prefetching
     (37, 1000, K.Config(1024, 4, 2, programs_per_sm=1, prefetch=False)),  # ... loading as it goes
     (37, 1000, K.Config(1024, 2, 2, programs_per_sm=1, prefetch=False, stages=3)),  # a pipelined loop (forward)

@@ -352,30 +352,30 @@ def _sum_partials_kernel(PART, OUT_B, OUT_W, OUT_LB, P, N, BLOCK_P: tl.constexpr
 class Config:
     """How a launch is cut: ``block_n`` columns per step (the row fits in one block when
     ``block_n >= N``), ``rows`` rows per block, ``num_warps`` warps per program, at most
-    ``programs_per_sm`` programs per multiprocessor, each looping over row blocks (``None``: one program
-    per row block, no loop); ``prefetch`` loads a program's next row block while it computes the
-    current one (with one block a row; ignored when each program has one row block); ``stages`` > 1 has
-    Triton software-pipeline the forward's row-block loop instead (``tl.range(num_stages=stages)``: the loads
-    of the next ``stages - 1`` blocks go to shared memory as asynchronous copies; the forward only)."""
+    ``programs_per_sm`` programs per multiprocessor, each looping over row blocks. ``prefetch`` loads a
+    program's next row block while it computes the current one (with one block a row; ignored when each
+    program has one row block); ``stages`` > 1 has Triton software-pipeline the forward's row-block loop
+    instead (``tl.range(num_stages=stages)``: the loads of the next ``stages - 1`` blocks go to shared
+    memory as asynchronous copies; the forward only)."""
 
     block_n: int
     rows: int
     num_warps: int
-    programs_per_sm: int | None = 1
+    programs_per_sm: int = 1
     prefetch: bool = True
     stages: int = 1
 
     def __post_init__(self):
         check_powers_of_two(self, "block_n", "rows", "num_warps")
-        if self.programs_per_sm is not None and self.programs_per_sm < 1:
-            raise ValueError(f"Config.programs_per_sm must be >= 1 or None, got {self.programs_per_sm}")
+        if self.programs_per_sm < 1:
+            raise ValueError(f"Config.programs_per_sm must be >= 1, got {self.programs_per_sm}")
         if self.stages < 1:
             raise ValueError(f"Config.stages must be >= 1, got {self.stages}")
 
     def programs(self, m: int, device: torch.device) -> int:
         """Programs in the grid for ``m`` rows on ``device``."""
         blocks = max(1, triton.cdiv(m, self.rows))
-        return blocks if self.programs_per_sm is None else min(blocks, self.programs_per_sm * _sm_count(device))
+        return min(blocks, self.programs_per_sm * _sm_count(device))
 
     def prefetches(self, m: int, device: torch.device) -> bool:
         """Whether the launch prefetches (only worth it when a program has more than one row block)."""
