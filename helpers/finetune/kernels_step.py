@@ -154,7 +154,8 @@ def step_pacing(model_name: str, variant: str, batch_size: int, data: TokenizedD
     """Who sets the pace of a training step: the same ``steps`` batches (after one warm-up batch) are
     trained twice, timed with the device synchronised around each step (``wall_ms``), then under the
     profiler (``kernel_ms``: the time the device spends in kernels; on a CPU, in ``aten`` operators).
-    The rest of the wall time (``idle_ms``) the device waits for the host; no kernel can take it."""
+    The rest of the wall time (``idle_ms``) the device waits for the host; no kernel can take it.
+    ``built``: :func:`build`'s result, trained further here; None: built here."""
     model, _ = built or build(model_name, variant, data, device, seed)
     batches = make_batches(data.token_ids, batch_size, steps + 1, max_len, seed=seed)
     warm_up(model, batches, device)
