@@ -3,12 +3,18 @@
 On the CPU they run in the Triton interpreter (fp32 and fp16, small odd shapes); on a GPU bf16 joins.
 """
 
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import helpers
 from helpers.chain import eager_chain, reference64
+from helpers.results import REPO_ROOT
 from helpers.kernels import fused_bias_gelu_layernorm as K
 from helpers.kernels.vector_add import vector_add
 
@@ -236,3 +242,15 @@ def test_backward_refuses_statistics_that_do_not_belong_to_x():
         with pytest.raises(ValueError, match="statistics"):
             K.backward(torch.randn_like(y), x, b, None, bad_mean, bad_rstd)
     assert K.forward(x, b, layernorm=False)[1:] == (None, None)
+
+
+def test_instruction_count_script_finds_the_loop():
+    """scripts/fused_kernel_instructions.py compiles for sm_90 without a GPU; the bf16 loop's fast erf costs
+    exactly two MUFU instructions (ex2, rcp) per element, so finding ~2 shows it counted the right loop."""
+    out = subprocess.run([sys.executable, "scripts/fused_kernel_instructions.py", "--ns", "1024"], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "TRITON_DEFAULT_FP_FUSION": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    bf16 = re.search(r"bf16 N= 1024 .*?([\d.]+) instructions, ([\d.]+) on the fp32 pipe, ([\d.]+) MUFU", out.stdout)
+    assert bf16, out.stdout
+    total, fp32, mufu = map(float, bf16.groups())
+    assert 1.9 <= mufu <= 2.3 and 10 < fp32 < total < 60
