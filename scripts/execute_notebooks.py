@@ -1,0 +1,54 @@
+"""Execute notebooks in place, top to bottom, saving each after every cell, so that a long run cut short
+(a lost connection, a time limit) keeps the outputs of every cell it finished.
+
+    python scripts/execute_notebooks.py notebooks/04_fused_kernel_in_triton.ipynb [...] [--cell-timeout 1800]
+
+Each notebook runs in a fresh kernel with its own folder as the working directory, as JupyterLab runs it.
+A failing cell stops that notebook (its error is saved in the notebook) and the script exits 1 after the rest.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+
+def execute(path: Path, cell_timeout: int | None = None) -> bool:
+    """Run ``path`` cell by cell, writing it back after each; True when every cell ran."""
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent.resolve())}})
+    start = time.perf_counter()
+    try:
+        with client.setup_kernel():
+            for index, cell in enumerate(nb.cells):
+                client.execute_cell(cell, index)
+                if cell.cell_type == "code":
+                    nbformat.write(nb, path)
+                    print(f"{path.name}: cell {index + 1}/{len(nb.cells)} done at {time.perf_counter() - start:.0f} s",
+                          flush=True)
+    except CellExecutionError as error:
+        nbformat.write(nb, path)
+        print(f"{path.name}: FAILED at {time.perf_counter() - start:.0f} s\n{str(error)[-3000:]}", flush=True)
+        return False
+    nbformat.write(nb, path)
+    print(f"{path.name}: every cell ran, {time.perf_counter() - start:.0f} s", flush=True)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="+", type=Path)
+    parser.add_argument("--cell-timeout", type=int, help="seconds one cell may take (default: no limit)")
+    args = parser.parse_args(argv)
+    ok = [execute(path, args.cell_timeout) for path in args.notebooks]
+    return 0 if all(ok) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
