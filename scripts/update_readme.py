@@ -152,6 +152,22 @@ def _train_kernels(res: results.Result) -> list[tuple[str, str, str]]:
                          for b in batches))]
 
 
+def _pacing(res: results.Result) -> list[tuple[str, str, str]]:
+    """scripts/qlora_step_pacing.py: a QLoRA step's wall time against its kernel time, stock and course."""
+    rows = []
+    for batch in dict.fromkeys(r["batch_size"] for r in res.records):
+        by = {r["variant"]: r for r in res.records if r["batch_size"] == batch}
+        stock, course = by["stock"], by["course"]
+        rows.append((f"{course['model'].upper()} QLoRA step at batch {batch}: wall time, of it in kernels "
+                     "(stock -> course)",
+                     f"{stock['wall_ms']:.0f} ms, {stock['kernel_ms']:.0f} in kernels -> {course['wall_ms']:.0f} ms, "
+                     f"{course['kernel_ms']:.0f} in kernels",
+                     f"kernel time {stock['kernel_ms'] / course['kernel_ms']:.2f}x less, the step "
+                     f"{stock['wall_ms'] / course['wall_ms']:.2f}x faster: the device waits for the host "
+                     f"{course['idle_ms']:.0f} ms a step ({course['idle_ms'] / course['wall_ms']:.0%})"))
+    return rows
+
+
 def _two_gpus(res: results.Result, spec: specs.GpuSpec | None) -> list[tuple[str, str, str]]:
     rows = []
     train = [r for r in res.records if r.get("kind") == "train"]
@@ -240,8 +256,10 @@ def render(gpu: str = "h200") -> str:
                 ("finetune", _load("finetune", gpu), _one_card, "06"),
                 ("decode", _load("decode", gpu), _decode, "07"),
                 ("finetune_kernels", _load("finetune_kernels", gpu), _train_kernels, "07"),
+                ("qlora_pacing", _load("qlora_pacing", gpu), _pacing, "07 (`scripts/qlora_step_pacing.py`)"),
                 (f"{gpu}x2/fsdp", _load("fsdp", f"{gpu}x2"), lambda r: _two_gpus(r, spec), "08")]
-    lines = [f"Measured on one {ceilings.provenance['gpu']} (notebook 08: two) by the notebooks; every row is read "
+    lines = [f"Measured on one {ceilings.provenance['gpu']} (notebook 08: two) by the notebooks (one row by a "
+             "script of notebook 07's); every row is read "
              f"from `results/{gpu}/` (`results/{gpu}x2/`) by `scripts/update_readme.py`.", "",
              f"![summary](results/{gpu}/summary.png)", "",
              "| measurement | result | context | notebook |", "| --- | --- | --- | --- |"]
