@@ -157,6 +157,8 @@ def _pacing(res: results.Result) -> list[tuple[str, str, str]]:
     rows = []
     for batch in dict.fromkeys(r["batch_size"] for r in res.records):
         by = {r["variant"]: r for r in res.records if r["batch_size"] == batch}
+        if not {"stock", "course"} <= by.keys():  # a run of other variants: nothing to set side by side
+            continue
         stock, course = by["stock"], by["course"]
         rows.append((f"{course['model'].upper()} QLoRA step at batch {batch}: wall time, of it in kernels "
                      "(stock -> course)",
