@@ -225,9 +225,8 @@ def _forward_kernel(X, B, W, LB, Y, MEAN, RSTD, M, N, eps,
 def _backward_kernel(X, B, W, DY, MEAN, RSTD, DX, PART, M, N,
                      BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, GELU: tl.constexpr,
                      HAS_W: tl.constexpr, EVEN_N: tl.constexpr, FAST: tl.constexpr, PREFETCH: tl.constexpr):
-    """Program p walks row blocks p, p + P, ... (with PREFETCH, loading its next row block while it computes
-    the current one); PART[k, p, :] gets its partial column sums of k = 0: d(bias) = dv, 1: d(weight) =
-    dy * xhat, 2: d(ln_bias) = dy."""
+    """Program p walks row blocks p, p + P, ... (prefetching as the forward does); PART[k, p, :] gets its
+    partial column sums of k = 0: d(bias) = dv, 1: d(weight) = dy * xhat, 2: d(ln_bias) = dy."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     n_blocks = tl.cdiv(M, ROWS)
