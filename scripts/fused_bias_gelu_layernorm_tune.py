@@ -1,7 +1,7 @@
 """Measure the fused bias + GELU + LayerNorm kernel's launch shapes on this GPU, to fill
 ``fused_bias_gelu_layernorm._FORWARD_TABLE`` and ``_BACKWARD_TABLE``.
 
-    python scripts/fused_bias_gelu_layernorm_tune.py [--ns 8192] [--block 4096] [--out sweep.json]
+    python scripts/fused_bias_gelu_layernorm_tune.py [--ns 8192] [--block 4096] [--passes fwd] [--out sweep.json]
 
 For fp32 and bf16 and N in 1024 ... 8192 (M x N = 64M elements, as notebook 04 benchmarks), times
 every ``Config`` of a small grid (rows per program x warps x programs per SM x how the next row block

@@ -58,8 +58,9 @@ def loop_mix(cubin: bytes) -> collections.Counter:
     for i, line in enumerate(lines):
         if m := re.match(r"^\s*(\.L\w+):", line):
             labels[m.group(1)] = i
-        if (m := re.search(r"BRA\s+`?\(?(\.L\w+)", line)) and m.group(1) in labels and i - labels[m.group(1)] > len(body):
-            body = lines[labels[m.group(1)]:i + 1]
+        target = m.group(1) if (m := re.search(r"BRA\s+`?\(?(\.L\w+)", line)) else None
+        if target in labels and i - labels[target] > len(body):
+            body = lines[labels[target]:i + 1]
     return collections.Counter(m.group(1) for line in body if (m := _INSTRUCTION.match(line)))
 
 

@@ -248,7 +248,8 @@ def test_instruction_count_script_finds_the_loop():
     """scripts/fused_kernel_instructions.py compiles for sm_90 without a GPU; the bf16 loop's fast erf costs
     exactly two MUFU instructions (ex2, rcp) per element, so finding ~2 shows it counted the right loop."""
     out = subprocess.run([sys.executable, "scripts/fused_kernel_instructions.py", "--ns", "1024"], cwd=REPO_ROOT,
-                         capture_output=True, text=True, timeout=600, env={**os.environ, "TRITON_DEFAULT_FP_FUSION": "1"})
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "TRITON_DEFAULT_FP_FUSION": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     bf16 = re.search(r"bf16 N= 1024 .*?([\d.]+) instructions, ([\d.]+) on the fp32 pipe, ([\d.]+) MUFU", out.stdout)
     assert bf16, out.stdout
