@@ -1,6 +1,6 @@
 """The fused bias + GELU + LayerNorm forward's instruction mix per element, from its SASS, without a GPU.
 
-    python scripts/fused_kernel_instructions.py [--arch 90] [--ns 1024 2048 4096 8192]
+    python scripts/fused_kernel_instructions.py [--arch 90] [--ns 1024 2048 4096 8192] [--gelu erf_exp2]
 
 Compiles the forward with the launch table's settings for each dtype and N for an sm_<arch> target (Triton's
 bundled ptxas and nvdisasm; no driver needed), finds the row-block loop (the longest backward branch) and
@@ -30,14 +30,16 @@ FP32_PIPE = ("FFMA", "FMUL", "FADD", "FSETP", "FSEL", "FMNMX")
 _INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
 
-def compile_forward(n: int, dtype: torch.dtype, arch: int):
-    """The forward as the launch table would launch it for rows of width ``n`` (exact GELU, affine)."""
+def compile_forward(n: int, dtype: torch.dtype, arch: int, gelu: str = "auto"):
+    """The forward as the launch table would launch it for rows of width ``n`` (affine; ``gelu`` as in
+    :func:`~helpers.kernels.fused_bias_gelu_layernorm.forward`)."""
     cfg = K.forward_config(n, dtype)
     ptr = f"*{ {torch.float32: 'fp32', torch.bfloat16: 'bf16'}[dtype] }"
     signature = {"X": ptr, "B": ptr, "W": ptr, "LB": ptr, "Y": ptr, "MEAN": "*fp32", "RSTD": "*fp32",
                  "M": "i32", "N": "i32", "eps": "fp32"}
-    constants = {"BLOCK_N": cfg.block_n, "ROWS": cfg.rows, "SINGLE": cfg.block_n >= n,
-                 "GELU": K.GELU_MODES[K.AUTO_GELU[dtype]], "LAYERNORM": True, "HAS_W": True, "HAS_LB": True,
+    mode = K.GELU_MODES[K.AUTO_GELU[dtype] if gelu == "auto" else gelu]
+    constants = {"BLOCK_N": cfg.block_n, "ROWS": cfg.rows, "SINGLE": cfg.block_n >= n, "GELU": mode,
+                 "LAYERNORM": True, "HAS_W": True, "HAS_LB": True,
                  "EVEN_N": cfg.block_n == n, "FAST": True, "PREFETCH": cfg.prefetch, "STAGES": cfg.stages}
     signature |= dict.fromkeys(constants, "constexpr")
     aligned = {(i,): [["tt.divisibility", 16]] for i in (*range(7), 8)}  # pointers and N, as Triton specialises them
@@ -68,11 +70,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90)
     parser.add_argument("--ns", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    parser.add_argument("--gelu", default="auto", choices=["auto", *K.GELU_MODES])
     args = parser.parse_args()
-    print(f"triton {triton.__version__}, sm_{args.arch}; per element of the loop's tile:")
+    print(f"triton {triton.__version__}, sm_{args.arch}, GELU {args.gelu}; per element of the loop's tile:")
     for dname, dtype in DTYPES.items():
         for n in args.ns:
-            kernel, cfg = compile_forward(n, dtype, args.arch)
+            kernel, cfg = compile_forward(n, dtype, args.arch, args.gelu)
             mix = loop_mix(kernel.asm["cubin"])
             per_thread = cfg.rows * cfg.block_n / (32 * cfg.num_warps)
             fp32 = sum(mix[op] for op in FP32_PIPE)

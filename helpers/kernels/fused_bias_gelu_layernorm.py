@@ -15,8 +15,10 @@ of partial sums; a second small kernel adds the partial rows in a fixed order (d
 GELU variants (``gelu=``): ``"erf"`` the exact definition through the library ``erf``;
 ``"erf_fast"`` the same function with ``erf`` replaced by Abramowitz & Stegun 7.1.26 (one
 reciprocal, one exp2, five FMAs; absolute error of GELU below 1e-6, far under bf16/fp16 rounding:
-see the tests and notebook 04); ``"tanh"`` PyTorch's ``approximate="tanh"``; ``"none"`` skips GELU
-(for ablations). ``"auto"`` = ``erf_fast`` for 16-bit storage, ``erf`` for fp32.
+see the tests and notebook 04); ``"erf_exp2"`` the same promise for fewer instructions: Phi(-|v|) as one
+exp2 of a degree-6 polynomial (no reciprocal; see :func:`_phi_neg_abs`); ``"tanh"`` PyTorch's
+``approximate="tanh"``; ``"none"`` skips GELU (for ablations). ``"auto"`` = ``erf_fast`` for 16-bit
+storage, ``erf`` for fp32.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import triton.language as tl
 from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernels are defined
 from . import check_powers_of_two, check_triton_device
 
-GELU_MODES = {"none": 0, "erf": 1, "erf_fast": 2, "tanh": 3}
+GELU_MODES = {"none": 0, "erf": 1, "erf_fast": 2, "tanh": 3, "erf_exp2": 4}
 AUTO_GELU = {torch.float32: "erf", torch.float16: "erf_fast", torch.bfloat16: "erf_fast"}
 DTYPES = tuple(AUTO_GELU)
 MAX_N = 1 << 20  # widest row accepted (the chunked path handles any width; this bounds the partial sums' memory)
@@ -54,7 +56,7 @@ def _exp2(x, FAST: tl.constexpr):
         y = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
                                       pack=1)
     else:  # the interpreter (numpy) warns on overflow; 2**127 is as good as inf wherever it is used here
-        y = tl.exp2(tl.minimum(x, 127.0))
+        y = tl.exp2(tl.minimum(x, 127.0, propagate_nan=tl.PropagateNan.ALL))
     return y
 
 
@@ -80,6 +82,17 @@ def _phi_fast(v, FAST: tl.constexpr):
 
 
 @triton.jit
+def _phi_neg_abs(v):
+    """log2 Phi(-|v|) ~ P(a) - v^2 / (2 ln 2) with a = min(|v|, 5.5), and a. P is a degree-6 minimax fit (Lawson's
+    reweighted least squares, fp32 coefficients) of log2 Phi(-a) + a^2 / (2 ln 2), smooth on [0, 5.5], within
+    4e-5: Phi(-|v|) within a relative 3e-5. Past 5.5 the exponent still falls with v^2: exp2 of it goes to 0."""
+    a = tl.minimum(tl.abs(v), 5.5)
+    p = -1.000036358833313 + a * (-1.1505829095840454 + a * (0.26101693511009216 + a * (
+        -0.0519699826836586 + a * (0.0074882591143250465 + a * (-0.0006609848351217806 + a * 2.6154553779633716e-05)))))
+    return p - 0.7213475204444817 * v * v, a
+
+
+@triton.jit
 def _gelu(v, GELU: tl.constexpr, FAST: tl.constexpr):
     """GELU(v) in fp32; GELU selects the variant (see GELU_MODES)."""
     if GELU == 1:
@@ -89,6 +102,9 @@ def _gelu(v, GELU: tl.constexpr, FAST: tl.constexpr):
         g = v * phi
     elif GELU == 3:
         g = v * _rcp(1.0 + _exp2(-v * (2.302208198144325 + 0.1029432395800235 * v * v), FAST), FAST)
+    elif GELU == 4:  # v Phi(v) = max(v, 0) - |v| Phi(-|v|): no select on the sign; a (finite) makes v = +-inf exact
+        log2_h, a = _phi_neg_abs(v)
+        g = tl.maximum(v, 0.0) - a * _exp2(log2_h, FAST)
     else:
         g = v
     return g
@@ -109,6 +125,11 @@ def _gelu_and_grad(v, GELU: tl.constexpr, FAST: tl.constexpr):
         s = _rcp(1.0 + _exp2(-v * (2.302208198144325 + 0.1029432395800235 * v * v), FAST), FAST)
         g = v * s
         dg = s + v * s * (1.0 - s) * (0.6931471805599453 * (2.302208198144325 + 0.3088297187400705 * v * v))
+    elif GELU == 4:
+        log2_h, a = _phi_neg_abs(v)
+        h = _exp2(log2_h, FAST)
+        g = tl.maximum(v, 0.0) - a * h
+        dg = tl.where(v >= 0, 1.0 - h, h) + v * 0.3989422804014327 * _exp2(v * v * -0.7213475204444817, FAST)
     else:
         g = v
         dg = tl.full(v.shape, 1.0, tl.float32)
