@@ -1,7 +1,8 @@
 """Measure the fused bias + GELU + LayerNorm kernel's launch shapes on this GPU, to fill
 ``fused_bias_gelu_layernorm._FORWARD_TABLE`` and ``_BACKWARD_TABLE``.
 
-    python scripts/fused_bias_gelu_layernorm_tune.py [--ns 8192] [--block 4096] [--passes fwd] [--out sweep.json]
+    python scripts/fused_bias_gelu_layernorm_tune.py [--ns 8192] [--block 4096] [--passes fwd] [--gelu erf_exp2]
+                                                     [--out sweep.json]
 
 For fp32 and bf16 and N in 1024 ... 8192 (M x N = 64M elements, as notebook 04 benchmarks), times
 every ``Config`` of a small grid (rows per program x warps x programs per SM x how the next row block
@@ -54,6 +55,8 @@ def main() -> None:
     parser.add_argument("--ns", type=int, nargs="+", default=list(NS), help="row widths")
     parser.add_argument("--block", type=int, help="columns a step (default: the table's)")
     parser.add_argument("--passes", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"])
+    parser.add_argument("--gelu", default="auto", choices=["auto", *K.GELU_MODES],
+                        help="GELU variant of the swept kernels (the fwd+bwd split keeps auto)")
     args = parser.parse_args()
     require_cuda("tuning the fused kernel")
     copy = bench.copy_bandwidth()["gbps"]
@@ -64,8 +67,8 @@ def main() -> None:
         x = torch.randn(m, n, device="cuda", dtype=dtype)
         b, w, lb = (torch.randn(n, device="cuda", dtype=dtype) for _ in range(3))
         dy = torch.randn_like(x)
-        y_ref, mean, rstd = K.forward(x, b, w, lb)
-        dx_ref = K.backward(dy, x, b, w, mean, rstd)[0]
+        y_ref, mean, rstd = K.forward(x, b, w, lb, gelu=args.gelu)
+        dx_ref = K.backward(dy, x, b, w, mean, rstd, gelu=args.gelu)[0]
         moved = {"fwd": chain.fused_forward_bytes(m, n, x.element_size()),
                  "bwd": chain.fused_backward_bytes(m, n, x.element_size())}
         table = {"fwd": K.forward_config(n, dtype), "bwd": K.backward_config(n, dtype)}
@@ -78,10 +81,10 @@ def main() -> None:
                 if not lo <= rows * cfg.block_n // (32 * warps) <= hi and cfg != table[pas]:
                     continue
                 if pas == "fwd":
-                    run = lambda: K.forward(x, b, w, lb, config=cfg)  # noqa: E731
+                    run = lambda: K.forward(x, b, w, lb, gelu=args.gelu, config=cfg)  # noqa: E731
                     ref = y_ref
                 else:
-                    run = lambda: K.backward(dy, x, b, w, mean, rstd, config=cfg)  # noqa: E731
+                    run = lambda: K.backward(dy, x, b, w, mean, rstd, gelu=args.gelu, config=cfg)  # noqa: E731
                     ref = dx_ref
                 try:
                     got = run()[0]
