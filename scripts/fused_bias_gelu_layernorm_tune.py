@@ -1,8 +1,8 @@
 """Measure the fused bias + GELU + LayerNorm kernel's launch shapes on this GPU, to fill
 ``fused_bias_gelu_layernorm._FORWARD_TABLE`` and ``_BACKWARD_TABLE``.
 
-    python scripts/fused_bias_gelu_layernorm_tune.py [--ns 8192] [--block 4096] [--passes fwd] [--gelu erf_exp2]
-                                                     [--out sweep.json]
+    python scripts/fused_bias_gelu_layernorm_tune.py [--ns 8192] [--block 4096] [--passes fwd] [--dtypes bf16]
+                                                     [--gelu erf_exp2] [--out sweep.json]
 
 For fp32 and bf16 and N in 1024 ... 8192 (M x N = 64M elements, as notebook 04 benchmarks), times
 every ``Config`` of a small grid (rows per program x warps x programs per SM x how the next row block
@@ -55,6 +55,7 @@ def main() -> None:
     parser.add_argument("--ns", type=int, nargs="+", default=list(NS), help="row widths")
     parser.add_argument("--block", type=int, help="columns a step (default: the table's)")
     parser.add_argument("--passes", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"])
+    parser.add_argument("--dtypes", nargs="+", choices=tuple(DTYPES), default=list(DTYPES))
     parser.add_argument("--gelu", default="auto", choices=["auto", *K.GELU_MODES],
                         help="GELU variant of the swept kernels (the fwd+bwd split keeps auto)")
     args = parser.parse_args()
@@ -62,7 +63,7 @@ def main() -> None:
     copy = bench.copy_bandwidth()["gbps"]
     print(f"copy bandwidth {copy:,.0f} GB/s")
     rows_out = []
-    for dname, n in itertools.product(DTYPES, args.ns):
+    for dname, n in itertools.product(args.dtypes, args.ns):
         dtype, m = DTYPES[dname], ELEMS // n
         x = torch.randn(m, n, device="cuda", dtype=dtype)
         b, w, lb = (torch.randn(n, device="cuda", dtype=dtype) for _ in range(3))

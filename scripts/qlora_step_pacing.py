@@ -1,18 +1,39 @@
 """Who sets the pace of notebook 07's QLoRA step, the device or the host: the wall time of a few training
 steps against the time the device spends in kernels on the same batches (``kernel_ms``), per variant.
 
-    python scripts/qlora_step_pacing.py [--batch 4] [--steps 8] [--variants stock course]
+    python scripts/qlora_step_pacing.py [--batch 4] [--steps 8] [--variants stock course] [--host-top 30]
 
-Writes ``results/<gpu>/qlora_pacing.json`` (on a CPU, ``.smoke-results/``), read by the README's table.
+``--host-top K`` then profiles the host side of a few more forward passes of each variant (``cProfile``; the
+backward runs on autograd's own thread, out of its sight) and prints the K functions where Python spends the
+most time of its own. Writes ``results/<gpu>/qlora_pacing.json`` (on a CPU, ``.smoke-results/``), read by the
+README's table.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 
 import helpers  # first: on a machine without a GPU it sets the Triton interpreter up
 from helpers import results
 from helpers.finetune import kernels_step, sweep
-from helpers.finetune.data import TokenizedData
+from helpers.finetune.data import TokenizedData, make_batches
+
+
+def host_profile(model, data: TokenizedData, args: argparse.Namespace, variant: str, steps: int = 3) -> None:
+    """Print the functions of ``steps`` forward passes (each followed by its backward, not profiled) with the most
+    time of their own."""
+    batches = [{k: v.to(helpers.DEVICE) for k, v in b.items()}
+               for b in make_batches(data.token_ids, args.batch, steps, args.max_len, seed=1)]
+    profiler = cProfile.Profile()
+    for batch in batches:
+        profiler.enable()
+        loss = model(**batch).loss
+        profiler.disable()
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+    print(f"--- {variant}: host time of {steps} forward passes, by function (own time)")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(args.host_top)
 
 
 def main() -> None:
@@ -22,14 +43,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--max-len", type=int, default=helpers.pick(full=1024, smoke=32))
     parser.add_argument("--variants", nargs="+", choices=kernels_step.VARIANTS, default=["stock", "course"])
+    parser.add_argument("--host-top", type=int, default=0, help="print the host's K most costly functions")
     args = parser.parse_args()
     data = TokenizedData.load(sweep.data_file())
     records = []
     for variant in args.variants:
-        r = kernels_step.step_pacing(args.model, variant, args.batch, data, helpers.DEVICE, args.steps, args.max_len)
+        built = kernels_step.build(args.model, variant, data, helpers.DEVICE)
+        r = kernels_step.step_pacing(args.model, variant, args.batch, data, helpers.DEVICE, args.steps, args.max_len,
+                                     built=built)
         records.append(r)
         print(f"{args.model} {variant} batch {args.batch}: {r['wall_ms']:.0f} ms a step, {r['kernel_ms']:.0f} ms of it "
               f"in kernels, the device idle {r['idle_ms']:.0f} ms ({r['idle_ms'] / r['wall_ms']:.0%})", flush=True)
+        if args.host_top:
+            host_profile(built[0], data, args, variant)
+        del built
     print(f"saved to {results.save('qlora_pacing', records)}")
 
 
