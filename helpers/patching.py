@@ -1,6 +1,6 @@
 """Put the course's kernels into a Hugging Face Llama model (the kernels themselves live in ``helpers.kernels``).
 
-    use_course_kernels(model)   # FlashAttention (notebook 05), the fused RMSNorm, rotary and SwiGLU, in place
+    use_course_kernels(model)   # FlashAttention (notebook 05), the fused RMSNorm, rotary, SwiGLU and nf4 layers
 
 Attention goes through transformers' attention interface: the model's attention modules call the
 function registered under a name. Both functions here apply the causal mask only, which is exact for
@@ -174,8 +174,34 @@ def use_course_swiglu(model: nn.Module) -> int:
     return len(targets)
 
 
+def _course_nf4_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """``Linear4bit.forward``'s contract (x cast to the compute dtype, the result back to x's) through the
+    course's one-launch dequantisation and one autograd function."""
+    from .kernels.nf4_dequant import dequant_linear
+
+    dtype = self.compute_dtype or x.dtype
+    bias = None if self.bias is None else self.bias.to(dtype)
+    return dequant_linear(x.to(dtype), self.course_nf4, bias).to(x.dtype)
+
+
+def use_course_nf4(model: nn.Module) -> int:
+    """Make every bitsandbytes ``Linear4bit`` (nf4) of ``model`` compute through
+    ``kernels.nf4_dequant.dequant_linear`` (its weight checked once here); returns how many. Refuses,
+    changing nothing, if any weight is not one the kernel reads."""
+    import bitsandbytes as bnb
+
+    from .kernels.nf4_gemv import nf4_operands
+
+    targets = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    operands = [nf4_operands(m.weight) for m in targets]
+    for module, ops in zip(targets, operands):
+        module.course_nf4 = ops
+        module.forward = types.MethodType(_course_nf4_forward, module)
+    return len(targets)
+
+
 def use_course_kernels(model: nn.Module, attention: bool = True, rms_norm: bool = True, rotary: bool = True,
-                       swiglu: bool = True) -> dict:
+                       swiglu: bool = True, nf4: bool = True) -> dict:
     """Each swap (each optional); what was changed."""
     done = {}
     if attention:
@@ -187,4 +213,6 @@ def use_course_kernels(model: nn.Module, attention: bool = True, rms_norm: bool 
         done["rotary_modules"] = use_course_rotary(model)
     if swiglu:
         done["swiglu_modules"] = use_course_swiglu(model)
+    if nf4:
+        done["nf4_modules"] = use_course_nf4(model)
     return done

@@ -29,7 +29,7 @@ from helpers.kernels import fused_bias_gelu_layernorm as K  # noqa: E402
 ELEMS = 1 << 26
 NS = (1024, 2048, 4096, 8192)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-GRID = {"fwd": {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16), "programs_per_sm": (1, 2, 4, 8),
+GRID = {"fwd": {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16, 32), "programs_per_sm": (1, 2, 4, 8),
                 "loads": ("prefetch", 3, 4)},  # the next row block prefetched, or the loop pipelined in 3 or 4 stages
         "bwd": {"rows": (1, 2, 4), "num_warps": (4, 8, 16), "programs_per_sm": (1, 2, 4), "loads": ("prefetch", 1)}}
 PER_THREAD = {"fwd": (4, 64), "bwd": (2, 32)}  # elements of a tile per thread worth trying (fewer idle, more spill)

@@ -6,8 +6,8 @@ import torch
 from helpers.finetune.lora import LoraSettings, attach_lora
 from helpers.finetune.models import ModelSpec, build_random
 from helpers import patching
-from helpers.patching import (use_attention, use_course_kernels, use_course_rms_norm, use_course_rotary,
-                              use_course_swiglu)
+from helpers.patching import (use_attention, use_course_kernels, use_course_nf4, use_course_rms_norm,
+                              use_course_rotary, use_course_swiglu)
 
 SPEC = ModelSpec("head64", 128, 192, 2, 2, 1, vocab_size=96)  # head_dim 64, GQA 2:1
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the Triton interpreter runs on CPU tensors
@@ -44,7 +44,8 @@ def test_course_kernels_train_like_the_stock_model_on_a_right_padded_batch(check
     course = _model(checkpointing=checkpointing)
     layers = SPEC.num_hidden_layers
     assert use_course_kernels(course) == {"attention": "course", "rms_norm_modules": 2 * layers + 1,
-                                          "rotary_modules": layers, "swiglu_modules": layers}
+                                          "rotary_modules": layers, "swiglu_modules": layers,
+                                          "nf4_modules": 7 * layers}
     loss, grads = _loss_and_grads(course, batch)
     assert loss == pytest.approx(stock_loss, rel=1e-3)
     assert grads.keys() == stock_grads.keys() and len(grads) > 0
@@ -83,6 +84,24 @@ def test_swiglu_swap_runs_the_kernel_and_refuses_another_activation(monkeypatch)
     with pytest.raises(ValueError, match="GELU"):
         use_course_swiglu(model)
     assert all("forward" not in vars(m) for m in mlps)  # refused before any swap
+
+
+def test_nf4_swap_runs_the_kernel_and_refuses_another_quant_type(monkeypatch):
+    import bitsandbytes as bnb
+
+    from helpers.kernels import nf4_dequant
+
+    calls = _counting(monkeypatch, nf4_dequant, "dequant_linear")
+    model = _model()
+    assert use_course_nf4(model) == 7 * SPEC.num_hidden_layers
+    model(**_batch())
+    assert len(calls) == 7 * SPEC.num_hidden_layers
+    model = _model()
+    layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    layers[-1].weight.quant_state.quant_type = "fp4"
+    with pytest.raises(ValueError, match="only nf4"):
+        use_course_nf4(model)
+    assert all("forward" not in vars(m) for m in layers)  # refused before any swap
 
 
 def test_left_padding_is_refused():
