@@ -122,3 +122,6 @@ def test_step_pacing_splits_the_wall_time(tiny_data):
     r = kernels_step.step_pacing("tiny", "stock", 2, tiny_data, DEV, steps=2, max_len=32)
     assert r["wall_ms"] > 0 and r["kernel_ms"] > 0
     assert r["idle_ms"] == pytest.approx(max(0.0, r["wall_ms"] - r["kernel_ms"]))
+    shares = {k: v for k, v in r.items() if k.endswith(" ms")}
+    assert shares and sum(shares.values()) == pytest.approx(r["kernel_ms"])
+    assert set(shares) <= {f"{name} ms" for name, _ in kernels_step.CATEGORIES} | {"other ms"}

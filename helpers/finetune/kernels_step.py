@@ -126,36 +126,15 @@ def category(kernel: str) -> str:
     return "other"
 
 
-def step_breakdown(model_name: str, variant: str, batch_size: int, data: TokenizedData, device: torch.device,
-                   max_len: int | None = 1024, seed: int = 0,
-                   built: tuple[torch.nn.Module, dict] | None = None) -> dict[str, float]:
-    """Milliseconds of device time per forward + backward by kernel category (CPU time on a CPU).
-    ``built``: :func:`build`'s result to profile as it is (the LoRA weights do not change the time);
-    None: built here."""
-    model, _ = built or build(model_name, variant, data, device, seed)
-    [batch] = make_batches(data.token_ids, batch_size, 1, max_len, seed=seed)
-    batch = {k: v.to(device) for k, v in batch.items()}
-
-    def step() -> None:
-        model(**batch).loss.backward()
-        model.zero_grad(set_to_none=True)
-
-    rows = profile_kernels(step, reps=2)
-    del model
-    out: dict[str, float] = {}
-    for r in rows:
-        out[category(r["name"])] = out.get(category(r["name"]), 0.0) + r["calls"] * r["us_per_call"] / 1e3
-    return out
-
-
 def step_pacing(model_name: str, variant: str, batch_size: int, data: TokenizedData, device: torch.device,
                 steps: int = 8, max_len: int | None = 1024, seed: int = 0,
                 built: tuple[torch.nn.Module, dict] | None = None) -> dict:
-    """Who sets the pace of a training step: the same ``steps`` batches (after one warm-up batch) are
-    trained twice, timed with the device synchronised around each step (``wall_ms``), then under the
-    profiler (``kernel_ms``: the time the device spends in kernels; on a CPU, in ``aten`` operators).
-    The rest of the wall time (``idle_ms``) the device waits for the host; no kernel can take it.
-    ``built``: :func:`build`'s result, trained further here; None: built here."""
+    """Who sets the pace of a training step (forward, backward, AdamW): the same ``steps`` batches (after
+    one warm-up batch) are trained twice, timed with the device synchronised around each step
+    (``wall_ms``), then under the profiler (``kernel_ms``: the time the device spends in kernels, on a
+    CPU in ``aten`` operators; ``"<category> ms"``: its share per kernel category, see ``CATEGORIES``).
+    The rest of the wall time (``idle_ms``) the device waits for the host; no kernel can take it. All
+    per step. ``built``: :func:`build`'s result, trained further here; None: built here."""
     model, _ = built or build(model_name, variant, data, device, seed)
     batches = make_batches(data.token_ids, batch_size, steps + 1, max_len, seed=seed)
     warm_up(model, batches, device)
@@ -168,6 +147,11 @@ def step_pacing(model_name: str, variant: str, batch_size: int, data: TokenizedD
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    kernels = sum(r["calls"] * r["us_per_call"] for r in profile_kernels(step, reps=steps)) / 1e6
+    by_category: dict[str, float] = {}
+    for r in profile_kernels(step, reps=steps):
+        name = category(r["name"])
+        by_category[name] = by_category.get(name, 0.0) + r["calls"] * r["us_per_call"] / 1e3
+    kernel_ms = sum(by_category.values())
     return {"model": model_name, "variant": variant, "batch_size": batch_size, "steps": steps,
-            "wall_ms": 1e3 * wall, "kernel_ms": 1e3 * kernels, "idle_ms": 1e3 * max(0.0, wall - kernels)}
+            "wall_ms": 1e3 * wall, "kernel_ms": kernel_ms, "idle_ms": max(0.0, 1e3 * wall - kernel_ms),
+            **{f"{name} ms": ms for name, ms in by_category.items()}}
