@@ -1,7 +1,7 @@
 """Who sets the pace of notebook 07's QLoRA step, the device or the host: the wall time of a few training
 steps against the time the device spends in kernels on the same batches (``kernel_ms``), per variant.
 
-    python scripts/qlora_step_pacing.py [--batch 4] [--steps 8] [--variants stock course] [--host-top 30]
+    python scripts/qlora_step_pacing.py [--batch 4] [--steps 8] [--variants stock "course + nf4"] [--host-top 30]
 
 ``--host-top K`` then profiles the host side of a few more forward passes of each variant (``cProfile``; the
 backward runs on autograd's own thread, out of its sight) and prints the K functions where Python spends the
@@ -42,7 +42,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--max-len", type=int, default=helpers.pick(full=1024, smoke=32))
-    parser.add_argument("--variants", nargs="+", choices=kernels_step.VARIANTS, default=["stock", "course"])
+    parser.add_argument("--variants", nargs="+", choices=(*kernels_step.VARIANTS, kernels_step.NF4_VARIANT),
+                        default=["stock", "course"])
     parser.add_argument("--host-top", type=int, default=0, help="print the host's K most costly functions")
     args = parser.parse_args()
     data = TokenizedData.load(sweep.data_file())

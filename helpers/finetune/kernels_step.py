@@ -4,7 +4,8 @@ Every variant builds the same nf4 model (same seed), attaches the same LoRA adap
 checkpointing and trains on the same batches with the same dropout masks. "stock" is transformers +
 peft as they come (after peft's k-bit preparation its SDPA attention runs in fp32); "sdpa bf16" is
 the strongest baseline, PyTorch's fused attention in bf16; "course" swaps in the course's
-FlashAttention (bf16), fused RMSNorm, rotary embedding, SwiGLU and nf4 layers (``helpers.patching``).
+FlashAttention (bf16), fused RMSNorm, rotary embedding and SwiGLU (``helpers.patching``); "course + nf4"
+also the course's nf4 layers (``patching.use_course_nf4``), measured by ``scripts/qlora_step_pacing.py``.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from .lora import LoraSettings, attach_lora, check_checkpointing
 from .models import build_model
 from .point import GiB, timed_steps
 
-VARIANTS = ("stock", "sdpa bf16", "course")
+VARIANTS = ("stock", "sdpa bf16", "course")  # notebook 07's
+NF4_VARIANT = "course + nf4"
 # kernel name -> what it does, first match wins (CUDA kernel names of PyTorch, cuBLAS, bitsandbytes, Triton).
 # PyTorch's own RMSNorm is a handful of elementwise and reduction kernels: it lands in "other".
 CATEGORIES = (("RMSNorm", r"rms_norm"),
@@ -36,13 +38,13 @@ CATEGORIES = (("RMSNorm", r"rms_norm"),
 def build(model_name: str, variant: str, data: TokenizedData, device: torch.device, seed: int = 0):
     """The model of one variant, ready to train; (model, what the course's kernels replaced). The
     model keeps its initial LoRA weights (``reset_lora`` puts them back), so one build serves several runs."""
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if variant not in (*VARIANTS, NF4_VARIANT):
+        raise ValueError(f"variant must be one of {(*VARIANTS, NF4_VARIANT)}, got {variant!r}")
     model, _ = build_model(model_name, device, vocab_size=data.vocab_size, attn="sdpa", seed=seed)
     torch.manual_seed(seed)  # the same adapters for every variant
     model = attach_lora(model, LoraSettings(), gradient_checkpointing=True)
-    if variant == "course":
-        changed = use_course_kernels(model)
+    if variant in ("course", NF4_VARIANT):
+        changed = use_course_kernels(model, nf4=variant == NF4_VARIANT)
     elif variant == "sdpa bf16":
         use_attention(model, SDPA_BF16)
         changed = {"attention": SDPA_BF16}
@@ -126,6 +128,33 @@ def category(kernel: str) -> str:
     return "other"
 
 
+def _by_category(rows: list[dict]) -> dict[str, float]:
+    """Milliseconds per kernel category of ``bench.profile_kernels``' rows (per repetition)."""
+    out: dict[str, float] = {}
+    for r in rows:
+        out[category(r["name"])] = out.get(category(r["name"]), 0.0) + r["calls"] * r["us_per_call"] / 1e3
+    return out
+
+
+def step_breakdown(model_name: str, variant: str, batch_size: int, data: TokenizedData, device: torch.device,
+                   max_len: int | None = 1024, seed: int = 0,
+                   built: tuple[torch.nn.Module, dict] | None = None) -> dict[str, float]:
+    """Milliseconds of device time per forward + backward by kernel category (CPU time on a CPU).
+    ``built``: :func:`build`'s result to profile as it is (the LoRA weights do not change the time);
+    None: built here."""
+    model, _ = built or build(model_name, variant, data, device, seed)
+    [batch] = make_batches(data.token_ids, batch_size, 1, max_len, seed=seed)
+    batch = {k: v.to(device) for k, v in batch.items()}
+
+    def step() -> None:
+        model(**batch).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    rows = profile_kernels(step, reps=2)
+    del model
+    return _by_category(rows)
+
+
 def step_pacing(model_name: str, variant: str, batch_size: int, data: TokenizedData, device: torch.device,
                 steps: int = 8, max_len: int | None = 1024, seed: int = 0,
                 built: tuple[torch.nn.Module, dict] | None = None) -> dict:
@@ -147,10 +176,7 @@ def step_pacing(model_name: str, variant: str, batch_size: int, data: TokenizedD
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    by_category: dict[str, float] = {}
-    for r in profile_kernels(step, reps=steps):
-        name = category(r["name"])
-        by_category[name] = by_category.get(name, 0.0) + r["calls"] * r["us_per_call"] / 1e3
+    by_category = _by_category(profile_kernels(step, reps=steps))
     kernel_ms = sum(by_category.values())
     return {"model": model_name, "variant": variant, "batch_size": batch_size, "steps": steps,
             "wall_ms": 1e3 * wall, "kernel_ms": kernel_ms, "idle_ms": max(0.0, 1e3 * wall - kernel_ms),
