@@ -1,7 +1,11 @@
 """Who sets the pace of notebook 07's QLoRA step, the device or the host: the wall time of a few training
 steps against the time the device spends in kernels on the same batches (``kernel_ms``), per variant.
 
-    python scripts/qlora_step_pacing.py [--batch 4] [--steps 8] [--variants stock "course + nf4"] [--host-top 30]
+    python scripts/qlora_step_pacing.py [--batch 4] [--steps 8] [--rounds 3] [--variants stock "course + nf4"]
+                                        [--host-top 30]
+
+The variants' models are built first and held together; the wall time is taken ``--rounds`` times, the
+variants in turn, and its median recorded (the host's speed drifts from minute to minute on a shared machine).
 
 ``--host-top K`` then profiles the host side of a few more forward passes of each variant (``cProfile``; the
 backward runs on autograd's own thread, out of its sight) and prints the K functions where Python spends the
@@ -44,20 +48,20 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=helpers.pick(full=1024, smoke=32))
     parser.add_argument("--variants", nargs="+", choices=(*kernels_step.VARIANTS, kernels_step.NF4_VARIANT),
                         default=["stock", "course"])
+    parser.add_argument("--rounds", type=int, default=3, help="wall times taken per variant, the variants in turn")
     parser.add_argument("--host-top", type=int, default=0, help="print the host's K most costly functions")
     args = parser.parse_args()
     data = TokenizedData.load(sweep.data_file())
-    records = []
-    for variant in args.variants:
-        built = kernels_step.build(args.model, variant, data, helpers.DEVICE)
-        r = kernels_step.step_pacing(args.model, variant, args.batch, data, helpers.DEVICE, args.steps, args.max_len,
-                                     built=built)
-        records.append(r)
-        print(f"{args.model} {variant} batch {args.batch}: {r['wall_ms']:.0f} ms a step, {r['kernel_ms']:.0f} ms of it "
-              f"in kernels, the device idle {r['idle_ms']:.0f} ms ({r['idle_ms'] / r['wall_ms']:.0%})", flush=True)
-        if args.host_top:
-            host_profile(built[0], data, args, variant)
-        del built
+    built = {v: kernels_step.build(args.model, v, data, helpers.DEVICE) for v in args.variants}
+    records = kernels_step.pacing_side_by_side(args.model, args.variants, args.batch, data, helpers.DEVICE, args.steps,
+                                               args.max_len, rounds=args.rounds, built=built)
+    for r in records:
+        print(f"{args.model} {r['variant']} batch {args.batch}: {r['wall_ms']:.0f} ms a step (median of {args.rounds} "
+              f"rounds, {r['wall_ms_min']:.0f}-{r['wall_ms_max']:.0f}), {r['kernel_ms']:.0f} ms of it in kernels, the "
+              f"device idle {r['idle_ms']:.0f} ms ({r['idle_ms'] / r['wall_ms']:.0%})", flush=True)
+    if args.host_top:
+        for variant, (model, _) in built.items():
+            host_profile(model, data, args, variant)
     print(f"saved to {results.save('qlora_pacing', records)}")
 
 

@@ -126,3 +126,14 @@ def test_step_pacing_splits_the_wall_time(tiny_data, variant):
     shares = {k: v for k, v in r.items() if k.endswith(" ms")}
     assert shares and sum(shares.values()) == pytest.approx(r["kernel_ms"])
     assert set(shares) <= {f"{name} ms" for name, _ in kernels_step.CATEGORIES} | {"other ms"}
+
+
+def test_pacing_side_by_side_takes_each_variant_in_turn(tiny_data):
+    records = kernels_step.pacing_side_by_side("tiny", ["stock", "sdpa bf16"], 2, tiny_data, DEV, steps=1,
+                                               max_len=32, rounds=3)
+    assert [r["variant"] for r in records] == ["stock", "sdpa bf16"]
+    for r in records:
+        assert r["rounds"] == 3 and r["wall_ms_min"] <= r["wall_ms"] <= r["wall_ms_max"]
+        assert r["idle_ms"] == pytest.approx(max(0.0, r["wall_ms"] - r["kernel_ms"]))
+    with pytest.raises(ValueError, match="each variant once"):
+        kernels_step.pacing_side_by_side("tiny", ["stock", "stock"], 2, tiny_data, DEV)

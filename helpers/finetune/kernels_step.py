@@ -155,6 +155,29 @@ def step_breakdown(model_name: str, variant: str, batch_size: int, data: Tokeniz
     return _by_category(rows)
 
 
+def _pacing_parts(model: torch.nn.Module, batches: list[dict], device: torch.device) -> dict[str, float]:
+    """Milliseconds per kernel category of one training step (forward, backward, AdamW), the mean over
+    ``batches[1:]`` under the profiler (``batches[0]`` warms up outside it)."""
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
+    todo = iter(batches)
+
+    def step() -> None:
+        model(**{k: v.to(device) for k, v in next(todo).items()}).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return _by_category(profile_kernels(step, reps=len(batches) - 1))
+
+
+def _pacing_record(model_name: str, variant: str, batch_size: int, steps: int, walls: list[float],
+                   by_category: dict[str, float]) -> dict:
+    wall_ms, kernel_ms = 1e3 * statistics.median(walls), sum(by_category.values())
+    return {"model": model_name, "variant": variant, "batch_size": batch_size, "steps": steps, "rounds": len(walls),
+            "wall_ms": wall_ms, "wall_ms_min": 1e3 * min(walls), "wall_ms_max": 1e3 * max(walls),
+            "kernel_ms": kernel_ms, "idle_ms": max(0.0, wall_ms - kernel_ms),
+            **{f"{name} ms": ms for name, ms in by_category.items()}}
+
+
 def step_pacing(model_name: str, variant: str, batch_size: int, data: TokenizedData, device: torch.device,
                 steps: int = 8, max_len: int | None = 1024, seed: int = 0,
                 built: tuple[torch.nn.Module, dict] | None = None) -> dict:
@@ -164,20 +187,30 @@ def step_pacing(model_name: str, variant: str, batch_size: int, data: TokenizedD
     CPU in ``aten`` operators; ``"<category> ms"``: its share per kernel category, see ``CATEGORIES``).
     The rest of the wall time (``idle_ms``) the device waits for the host; no kernel can take it. All
     per step. ``built``: :func:`build`'s result, trained further here; None: built here."""
-    model, _ = built or build(model_name, variant, data, device, seed)
+    return pacing_side_by_side(model_name, [variant], batch_size, data, device, steps, max_len, seed,
+                               built={variant: built} if built else None)[0]
+
+
+def pacing_side_by_side(model_name: str, variants: list[str], batch_size: int, data: TokenizedData,
+                        device: torch.device, steps: int = 8, max_len: int | None = 1024, seed: int = 0,
+                        rounds: int = 1, built: dict | None = None) -> list[dict]:
+    """:func:`step_pacing` for several variants at once, their models held together: the wall time is
+    taken ``rounds`` times, the variants in turn within each round (so that a drift of the host's speed
+    touches them all alike), and recorded as the median (``wall_ms_min``/``wall_ms_max``: the spread).
+    ``built``: variant -> :func:`build`'s result, for those already built."""
+    if rounds < 1 or steps < 1:
+        raise ValueError(f"rounds and steps must be >= 1, got rounds={rounds}, steps={steps}")
+    if len(set(variants)) != len(variants):
+        raise ValueError(f"each variant once, got {variants}")
+    built = dict(built or {})
     batches = make_batches(data.token_ids, batch_size, steps + 1, max_len, seed=seed)
-    warm_up(model, batches, device)
-    wall = statistics.fmean(timed_steps(model, batches, device, 1, None)[0])
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
-    todo = iter(batches)
-
-    def step() -> None:
-        model(**{k: v.to(device) for k, v in next(todo).items()}).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    by_category = _by_category(profile_kernels(step, reps=steps))
-    kernel_ms = sum(by_category.values())
-    return {"model": model_name, "variant": variant, "batch_size": batch_size, "steps": steps,
-            "wall_ms": 1e3 * wall, "kernel_ms": kernel_ms, "idle_ms": max(0.0, 1e3 * wall - kernel_ms),
-            **{f"{name} ms": ms for name, ms in by_category.items()}}
+    models = {}
+    for variant in variants:
+        models[variant] = (built.get(variant) or build(model_name, variant, data, device, seed))[0]
+        warm_up(models[variant], batches, device)
+    walls: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(rounds):
+        for variant, model in models.items():
+            walls[variant].append(statistics.fmean(timed_steps(model, batches, device, 1, None)[0]))
+    return [_pacing_record(model_name, v, batch_size, steps, walls[v], _pacing_parts(models[v], batches, device))
+            for v in variants]
