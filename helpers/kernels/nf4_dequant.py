@@ -82,7 +82,6 @@ class _DequantLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, ops: NF4Operands, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.ops = ops
-        ctx.bias_shape = None if bias is None else bias.shape
         return F.linear(x, nf4_dequantize(ops, x.dtype), bias)
 
     @staticmethod
