@@ -1,5 +1,7 @@
 """Execute notebooks in place, top to bottom, saving each after every cell, so that a long run cut short
-(a lost connection, a time limit) keeps the outputs of every cell it finished.
+(a lost connection, a time limit) keeps the outputs of every cell it finished. Every code cell's old
+outputs are cleared first: a run cut short leaves the cells it did not reach empty, never showing an
+earlier run's outputs beside this one's. SIGTERM (``timeout``) stops the run and shuts its kernel down.
 
     python scripts/execute_notebooks.py notebooks/04_fused_kernel_in_triton.ipynb [...] [--cell-timeout 1800]
 
@@ -9,6 +11,7 @@ A failing cell stops that notebook (its error is saved in the notebook) and the 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -21,6 +24,10 @@ from nbclient.exceptions import CellExecutionError
 def execute(path: Path, cell_timeout: int | None = None) -> bool:
     """Run ``path`` cell by cell, writing it back after each; True when every cell ran."""
     nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nbformat.write(nb, path)
     client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent.resolve())}})
     start = time.perf_counter()
@@ -46,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("notebooks", nargs="+", type=Path)
     parser.add_argument("--cell-timeout", type=int, help="seconds one cell may take (default: no limit)")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # unwinds: the kernel is shut down
     ok = [execute(path, args.cell_timeout) for path in args.notebooks]
     return 0 if all(ok) else 1
 

@@ -24,9 +24,12 @@ def test_runs_in_the_notebooks_folder_and_saves_outputs(tmp_path):
     assert cells[1].outputs[0]["text"].strip() == str(tmp_path) and cells[2].outputs[0]["text"].strip() == "42"
 
 
-def test_a_failing_cell_keeps_what_ran_before_it(tmp_path):
+def test_a_failing_cell_keeps_what_ran_before_it_and_no_older_outputs(tmp_path):
     bad, good = tmp_path / "bad.ipynb", tmp_path / "good.ipynb"
     _notebook(bad, "print('before')", "raise ValueError('boom')", "print('never')")
+    nb = nbformat.read(bad, as_version=4)
+    nb.cells[3].outputs = [nbformat.v4.new_output("stream", name="stdout", text="an earlier run's output")]
+    nbformat.write(nb, bad)
     _notebook(good, "print('still run')")
     assert execute_notebooks.main([str(bad), str(good)]) == 1
     cells = nbformat.read(bad, as_version=4).cells
