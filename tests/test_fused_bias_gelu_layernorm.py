@@ -274,10 +274,10 @@ def test_backward_refuses_statistics_that_do_not_belong_to_x():
 
 
 def test_instruction_count_script_finds_the_loop():
-    """scripts/fused_kernel_instructions.py compiles for sm_90 without a GPU; the bf16 loop's fast erf costs
+    """scripts/fused_kernel_instructions.py compiles for sm_90 without a GPU; the bf16 loop's erf_fast costs
     exactly two MUFU instructions (ex2, rcp) per element, so finding ~2 shows it counted the right loop."""
-    out = subprocess.run([sys.executable, "scripts/fused_kernel_instructions.py", "--ns", "1024"], cwd=REPO_ROOT,
-                         capture_output=True, text=True, timeout=600,
+    out = subprocess.run([sys.executable, "scripts/fused_kernel_instructions.py", "--ns", "1024", "--gelu", "erf_fast"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "TRITON_DEFAULT_FP_FUSION": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     bf16 = re.search(r"bf16 N= 1024 .*?([\d.]+) instructions, ([\d.]+) on the fp32 pipe, ([\d.]+) MUFU", out.stdout)
