@@ -46,8 +46,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--max-len", type=int, default=helpers.pick(full=1024, smoke=32))
-    parser.add_argument("--variants", nargs="+", choices=(*kernels_step.VARIANTS, kernels_step.NF4_VARIANT),
-                        default=["stock", "course"])
+    parser.add_argument("--variants", nargs="+", choices=kernels_step.BUILDS, default=["stock", "course"])
     parser.add_argument("--rounds", type=int, default=3, help="wall times taken per variant, the variants in turn")
     parser.add_argument("--host-top", type=int, default=0, help="print the host's K most costly functions")
     args = parser.parse_args()

@@ -25,6 +25,7 @@ from .point import GiB, timed_steps
 
 VARIANTS = ("stock", "sdpa bf16", "course")  # notebook 07's
 NF4_VARIANT = "course + nf4"
+BUILDS = (*VARIANTS, NF4_VARIANT)  # what build() makes
 # kernel name -> what it does, first match wins (CUDA kernel names of PyTorch, cuBLAS, bitsandbytes, Triton).
 # PyTorch's own RMSNorm is a handful of elementwise and reduction kernels: it lands in "other".
 CATEGORIES = (("RMSNorm", r"rms_norm"),
@@ -38,8 +39,8 @@ CATEGORIES = (("RMSNorm", r"rms_norm"),
 def build(model_name: str, variant: str, data: TokenizedData, device: torch.device, seed: int = 0):
     """The model of one variant, ready to train; (model, what the course's kernels replaced). The
     model keeps its initial LoRA weights (``reset_lora`` puts them back), so one build serves several runs."""
-    if variant not in (*VARIANTS, NF4_VARIANT):
-        raise ValueError(f"variant must be one of {(*VARIANTS, NF4_VARIANT)}, got {variant!r}")
+    if variant not in BUILDS:
+        raise ValueError(f"variant must be one of {BUILDS}, got {variant!r}")
     model, _ = build_model(model_name, device, vocab_size=data.vocab_size, attn="sdpa", seed=seed)
     torch.manual_seed(seed)  # the same adapters for every variant
     model = attach_lora(model, LoraSettings(), gradient_checkpointing=True)
@@ -202,7 +203,7 @@ def pacing_side_by_side(model_name: str, variants: list[str], batch_size: int, d
         raise ValueError(f"rounds and steps must be >= 1, got rounds={rounds}, steps={steps}")
     if len(set(variants)) != len(variants):
         raise ValueError(f"each variant once, got {variants}")
-    built = dict(built or {})
+    built = built or {}
     batches = make_batches(data.token_ids, batch_size, steps + 1, max_len, seed=seed)
     models = {}
     for variant in variants:
