@@ -202,7 +202,7 @@ def use_course_nf4(model: nn.Module) -> int:
 
 
 def use_course_kernels(model: nn.Module, attention: bool = True, rms_norm: bool = True, rotary: bool = True,
-                       swiglu: bool = True, nf4: bool = False) -> dict:
+                       swiglu: bool = True, nf4: bool = True) -> dict:
     """Each swap (each optional); what was changed."""
     done = {}
     if attention:

@@ -1,7 +1,7 @@
 """Who sets the pace of notebook 07's QLoRA step, the device or the host: the wall time of a few training
 steps against the time the device spends in kernels on the same batches (``kernel_ms``), per variant.
 
-    python scripts/qlora_step_pacing.py [--batch 4] [--steps 8] [--rounds 3] [--variants stock "course + nf4"]
+    python scripts/qlora_step_pacing.py [--batch 4] [--steps 8] [--rounds 3] [--variants stock course]
                                         [--host-top 30]
 
 The variants' models are built first and held together; the wall time is taken ``--rounds`` times, the
@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--max-len", type=int, default=helpers.pick(full=1024, smoke=32))
-    parser.add_argument("--variants", nargs="+", choices=kernels_step.BUILDS, default=["stock", "course"])
+    parser.add_argument("--variants", nargs="+", choices=kernels_step.VARIANTS, default=["stock", "course"])
     parser.add_argument("--rounds", type=int, default=3, help="wall times taken per variant, the variants in turn")
     parser.add_argument("--host-top", type=int, default=0, help="print the host's K most costly functions")
     args = parser.parse_args()

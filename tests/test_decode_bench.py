@@ -78,8 +78,8 @@ def test_training_step_comparison_records_both_variants(tiny_data):
     data, device = tiny_data, DEV
     runs = {v: kernels_step.train("tiny", v, 2, data, device, steps=3, warmup_steps=1) for v in kernels_step.VARIANTS}
     (stock, stock_losses, stock_grads), (course, course_losses, course_grads) = runs["stock"], runs["course"]
-    assert course["replaced"] == ("attention: course, rms_norm_modules: 5, rotary_modules: 2, swiglu_modules: 2"
-                                  ) and stock["replaced"] == "nothing"
+    assert course["replaced"] == ("attention: course, rms_norm_modules: 5, rotary_modules: 2, swiglu_modules: 2, "
+                                  "nf4_modules: 14") and stock["replaced"] == "nothing"
     assert runs["sdpa bf16"][0]["replaced"] == "attention: sdpa_bf16"
     assert all(r[0]["checkpointing"] for r in runs.values())
     assert len(course_losses) == 3 and course_losses == pytest.approx(stock_losses, rel=1e-2)
@@ -118,7 +118,7 @@ def test_warm_up_runs_one_batch_per_tuning_bucket_and_multiple_of_16():
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if p.requires_grad)
 
 
-@pytest.mark.parametrize("variant", ["stock", kernels_step.NF4_VARIANT])
+@pytest.mark.parametrize("variant", ["stock", "course"])
 def test_step_pacing_splits_the_wall_time(tiny_data, variant):
     r = kernels_step.step_pacing("tiny", variant, 2, tiny_data, DEV, steps=2, max_len=32)
     assert r["wall_ms"] > 0 and r["kernel_ms"] > 0

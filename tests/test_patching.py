@@ -43,9 +43,9 @@ def test_course_kernels_train_like_the_stock_model_on_a_right_padded_batch(check
     stock_loss, stock_grads = _loss_and_grads(_model(checkpointing=checkpointing), batch)
     course = _model(checkpointing=checkpointing)
     layers = SPEC.num_hidden_layers
-    assert use_course_kernels(course, nf4=True) == {"attention": "course", "rms_norm_modules": 2 * layers + 1,
-                                                    "rotary_modules": layers, "swiglu_modules": layers,
-                                                    "nf4_modules": 7 * layers}
+    assert use_course_kernels(course) == {"attention": "course", "rms_norm_modules": 2 * layers + 1,
+                                          "rotary_modules": layers, "swiglu_modules": layers,
+                                          "nf4_modules": 7 * layers}
     loss, grads = _loss_and_grads(course, batch)
     assert loss == pytest.approx(stock_loss, rel=1e-3)
     assert grads.keys() == stock_grads.keys() and len(grads) > 0

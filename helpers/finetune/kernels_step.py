@@ -4,8 +4,7 @@ Every variant builds the same nf4 model (same seed), attaches the same LoRA adap
 checkpointing and trains on the same batches with the same dropout masks. "stock" is transformers +
 peft as they come (after peft's k-bit preparation its SDPA attention runs in fp32); "sdpa bf16" is
 the strongest baseline, PyTorch's fused attention in bf16; "course" swaps in the course's
-FlashAttention (bf16), fused RMSNorm, rotary embedding and SwiGLU (``helpers.patching``); "course + nf4"
-also the course's nf4 layers (``patching.use_course_nf4``), measured by ``scripts/qlora_step_pacing.py``.
+FlashAttention (bf16), fused RMSNorm, rotary embedding, SwiGLU and nf4 layers (``helpers.patching``).
 """
 from __future__ import annotations
 
@@ -23,9 +22,7 @@ from .lora import LoraSettings, attach_lora, check_checkpointing
 from .models import build_model
 from .point import GiB, timed_steps
 
-VARIANTS = ("stock", "sdpa bf16", "course")  # notebook 07's
-NF4_VARIANT = "course + nf4"
-BUILDS = (*VARIANTS, NF4_VARIANT)  # what build() makes
+VARIANTS = ("stock", "sdpa bf16", "course")
 # kernel name -> what it does, first match wins (CUDA kernel names of PyTorch, cuBLAS, bitsandbytes, Triton).
 # PyTorch's own RMSNorm is a handful of elementwise and reduction kernels: it lands in "other".
 CATEGORIES = (("RMSNorm", r"rms_norm"),
@@ -39,13 +36,13 @@ CATEGORIES = (("RMSNorm", r"rms_norm"),
 def build(model_name: str, variant: str, data: TokenizedData, device: torch.device, seed: int = 0):
     """The model of one variant, ready to train; (model, what the course's kernels replaced). The
     model keeps its initial LoRA weights (``reset_lora`` puts them back), so one build serves several runs."""
-    if variant not in BUILDS:
-        raise ValueError(f"variant must be one of {BUILDS}, got {variant!r}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     model, _ = build_model(model_name, device, vocab_size=data.vocab_size, attn="sdpa", seed=seed)
     torch.manual_seed(seed)  # the same adapters for every variant
     model = attach_lora(model, LoraSettings(), gradient_checkpointing=True)
-    if variant in ("course", NF4_VARIANT):
-        changed = use_course_kernels(model, nf4=variant == NF4_VARIANT)
+    if variant == "course":
+        changed = use_course_kernels(model)
     elif variant == "sdpa bf16":
         use_attention(model, SDPA_BF16)
         changed = {"attention": SDPA_BF16}
@@ -91,11 +88,13 @@ def warm_up(model: torch.nn.Module, batches: list[dict], device: torch.device) -
 
 def train(model_name: str, variant: str, batch_size: int, data: TokenizedData, device: torch.device, *,
           steps: int = 50, warmup_steps: int = 2, max_len: int | None = 1024, seed: int = 0,
-          built: tuple[torch.nn.Module, dict] | None = None) -> tuple[dict, list[float], torch.Tensor]:
+          built: tuple[torch.nn.Module, dict] | None = None,
+          others_bytes: int = 0) -> tuple[dict, list[float], torch.Tensor]:
     """Train ``steps`` steps (the first ``warmup_steps`` untimed). Returns a flat record (for
     ``helpers.results``), every step's loss, and the LoRA gradients of the first batch before training.
     ``built``: :func:`build`'s result for this model, variant and seed, reused from its initial LoRA
-    weights (the same start as a new build); None: built here and freed after."""
+    weights (the same start as a new build); None: built here and freed after. ``others_bytes``: device
+    memory held meanwhile by other models (kept for a later comparison), left out of the peak."""
     if steps <= warmup_steps:
         raise ValueError(f"steps ({steps}) must be more than warmup_steps ({warmup_steps})")
     model, changed = built or build(model_name, variant, data, device, seed)
@@ -110,7 +109,7 @@ def train(model_name: str, variant: str, batch_size: int, data: TokenizedData, d
     torch.manual_seed(seed)  # the same LoRA dropout masks for every variant
     times, _, losses = timed_steps(model, batches, device, warmup_steps, None)
     tokens = sum(int(b["attention_mask"].sum()) for b in batches[warmup_steps:])
-    peak = torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else None
+    peak = (torch.cuda.max_memory_allocated(device) - others_bytes) / GiB if device.type == "cuda" else None
     model.zero_grad(set_to_none=True)
     del model
     if device.type == "cuda":
@@ -135,25 +134,6 @@ def _by_category(rows: list[dict]) -> dict[str, float]:
     for r in rows:
         out[category(r["name"])] = out.get(category(r["name"]), 0.0) + r["calls"] * r["us_per_call"] / 1e3
     return out
-
-
-def step_breakdown(model_name: str, variant: str, batch_size: int, data: TokenizedData, device: torch.device,
-                   max_len: int | None = 1024, seed: int = 0,
-                   built: tuple[torch.nn.Module, dict] | None = None) -> dict[str, float]:
-    """Milliseconds of device time per forward + backward by kernel category (CPU time on a CPU).
-    ``built``: :func:`build`'s result to profile as it is (the LoRA weights do not change the time);
-    None: built here."""
-    model, _ = built or build(model_name, variant, data, device, seed)
-    [batch] = make_batches(data.token_ids, batch_size, 1, max_len, seed=seed)
-    batch = {k: v.to(device) for k, v in batch.items()}
-
-    def step() -> None:
-        model(**batch).loss.backward()
-        model.zero_grad(set_to_none=True)
-
-    rows = profile_kernels(step, reps=2)
-    del model
-    return _by_category(rows)
 
 
 def _pacing_parts(model: torch.nn.Module, batches: list[dict], device: torch.device) -> dict[str, float]:
