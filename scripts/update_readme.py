@@ -144,7 +144,7 @@ def _train_kernels(res: results.Result) -> list[tuple[str, str, str]]:
     speed = {(r["variant"], r["batch_size"]): r for r in res.records}
     batches = sorted({b for _, b in speed})
     model = res.records[0]["model"].upper()
-    return [(f"{model} QLoRA step with the course's kernels (FlashAttention, RMSNorm, rotary, SwiGLU) against stock",
+    return [(f"{model} QLoRA step with the course's kernels (FlashAttention, RMSNorm, rotary, SwiGLU, nf4 layers) against stock",
              ", ".join(f"batch {b}: {speed['course', b]['tokens_per_s'] / speed['stock', b]['tokens_per_s']:.2f}x"
                        for b in batches),
              "tokens/s ratio; peak memory "
@@ -153,15 +153,16 @@ def _train_kernels(res: results.Result) -> list[tuple[str, str, str]]:
 
 
 def _pacing(res: results.Result) -> list[tuple[str, str, str]]:
-    """scripts/qlora_step_pacing.py: a QLoRA step's wall time against its kernel time, stock and course."""
+    """Notebook 07 (or scripts/qlora_step_pacing.py): a QLoRA step's wall time against its kernel time, stock and
+    course, the wall time the median of rounds taking the variants in turn."""
     rows = []
     for batch in dict.fromkeys(r["batch_size"] for r in res.records):
         by = {r["variant"]: r for r in res.records if r["batch_size"] == batch}
         if not {"stock", "course"} <= by.keys():  # a run of other variants: nothing to set side by side
             continue
         stock, course = by["stock"], by["course"]
-        rows.append((f"{course['model'].upper()} QLoRA step at batch {batch}: wall time, of it in kernels "
-                     "(stock -> course)",
+        rows.append((f"{course['model'].upper()} QLoRA step at batch {batch}: wall time (median of "
+                     f"{course.get('rounds', 1)} rounds), of it in kernels (stock -> course)",
                      f"{stock['wall_ms']:.0f} ms, {stock['kernel_ms']:.0f} in kernels -> {course['wall_ms']:.0f} ms, "
                      f"{course['kernel_ms']:.0f} in kernels",
                      f"kernel time {stock['kernel_ms'] / course['kernel_ms']:.2f}x less, the step "
@@ -258,7 +259,7 @@ def render(gpu: str = "h200") -> str:
                 ("finetune", _load("finetune", gpu), _one_card, "06"),
                 ("decode", _load("decode", gpu), _decode, "07"),
                 ("finetune_kernels", _load("finetune_kernels", gpu), _train_kernels, "07"),
-                ("qlora_pacing", _load("qlora_pacing", gpu), _pacing, "07 (`scripts/qlora_step_pacing.py`)"),
+                ("qlora_pacing", _load("qlora_pacing", gpu), _pacing, "07"),
                 (f"{gpu}x2/fsdp", _load("fsdp", f"{gpu}x2"), lambda r: _two_gpus(r, spec), "08")]
     lines = [f"Measured on one {ceilings.provenance['gpu']} (notebook 08: two) by the notebooks (one row by a "
              "script of notebook 07's); every row is read "
