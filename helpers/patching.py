@@ -1,7 +1,6 @@
 """Put the course's kernels into a Hugging Face Llama model (the kernels themselves live in ``helpers.kernels``).
 
-    use_course_kernels(model)   # FlashAttention (notebook 05), the fused RMSNorm, rotary and SwiGLU, in place
-    use_course_nf4(model)       # and the nf4 layers
+    use_course_kernels(model)   # FlashAttention (notebook 05), the fused RMSNorm, rotary, SwiGLU and nf4 layers
 
 Attention goes through transformers' attention interface: the model's attention modules call the
 function registered under a name. Both functions here apply the causal mask only, which is exact for

@@ -144,7 +144,8 @@ def _train_kernels(res: results.Result) -> list[tuple[str, str, str]]:
     speed = {(r["variant"], r["batch_size"]): r for r in res.records}
     batches = sorted({b for _, b in speed})
     model = res.records[0]["model"].upper()
-    return [(f"{model} QLoRA step with the course's kernels (FlashAttention, RMSNorm, rotary, SwiGLU, nf4 layers) against stock",
+    return [(f"{model} QLoRA step with the course's kernels (FlashAttention, RMSNorm, rotary, SwiGLU, nf4 layers) "
+             "against stock",
              ", ".join(f"batch {b}: {speed['course', b]['tokens_per_s'] / speed['stock', b]['tokens_per_s']:.2f}x"
                        for b in batches),
              "tokens/s ratio; peak memory "

@@ -120,7 +120,7 @@ def test_warm_up_runs_one_batch_per_tuning_bucket_and_multiple_of_16():
 
 @pytest.mark.parametrize("variant", ["stock", "course"])
 def test_step_pacing_splits_the_wall_time(tiny_data, variant):
-    r = kernels_step.step_pacing("tiny", variant, 2, tiny_data, DEV, steps=2, max_len=32)
+    [r] = kernels_step.pacing_side_by_side("tiny", [variant], 2, tiny_data, DEV, steps=2, max_len=32)
     assert r["wall_ms"] > 0 and r["kernel_ms"] > 0
     assert r["idle_ms"] == pytest.approx(max(0.0, r["wall_ms"] - r["kernel_ms"]))
     shares = {k: v for k, v in r.items() if k.endswith(" ms")}

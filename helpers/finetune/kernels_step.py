@@ -159,26 +159,17 @@ def _pacing_record(model_name: str, variant: str, batch_size: int, steps: int, w
             **{f"{name} ms": ms for name, ms in by_category.items()}}
 
 
-def step_pacing(model_name: str, variant: str, batch_size: int, data: TokenizedData, device: torch.device,
-                steps: int = 8, max_len: int | None = 1024, seed: int = 0,
-                built: tuple[torch.nn.Module, dict] | None = None) -> dict:
-    """Who sets the pace of a training step (forward, backward, AdamW): the same ``steps`` batches (after
-    one warm-up batch) are trained twice, timed with the device synchronised around each step
-    (``wall_ms``), then under the profiler (``kernel_ms``: the time the device spends in kernels, on a
-    CPU in ``aten`` operators; ``"<category> ms"``: its share per kernel category, see ``CATEGORIES``).
-    The rest of the wall time (``idle_ms``) the device waits for the host; no kernel can take it. All
-    per step. ``built``: :func:`build`'s result, trained further here; None: built here."""
-    return pacing_side_by_side(model_name, [variant], batch_size, data, device, steps, max_len, seed,
-                               built={variant: built} if built else None)[0]
-
-
 def pacing_side_by_side(model_name: str, variants: list[str], batch_size: int, data: TokenizedData,
                         device: torch.device, steps: int = 8, max_len: int | None = 1024, seed: int = 0,
                         rounds: int = 1, built: dict | None = None) -> list[dict]:
-    """:func:`step_pacing` for several variants at once, their models held together: the wall time is
-    taken ``rounds`` times, the variants in turn within each round (so that a drift of the host's speed
-    touches them all alike), and recorded as the median (``wall_ms_min``/``wall_ms_max``: the spread).
-    ``built``: variant -> :func:`build`'s result, for those already built."""
+    """Who sets the pace of a training step (forward, backward, AdamW), for each variant, their models held
+    together: the same ``steps`` batches (after one warm-up batch) are trained, timed with the device
+    synchronised around each step (``wall_ms``), ``rounds`` times with the variants in turn (so that a drift
+    of the host's speed touches them all alike; the median recorded, ``wall_ms_min``/``wall_ms_max`` the
+    spread), then once under the profiler (``kernel_ms``: the time the device spends in kernels, on a CPU in
+    ``aten`` operators; ``"<category> ms"``: its share per kernel category, see ``CATEGORIES``). The rest of
+    the wall time (``idle_ms``) the device waits for the host; no kernel can take it. All per step.
+    ``built``: variant -> :func:`build`'s result (trained further here), for those already built."""
     if rounds < 1 or steps < 1:
         raise ValueError(f"rounds and steps must be >= 1, got rounds={rounds}, steps={steps}")
     if len(set(variants)) != len(variants):
