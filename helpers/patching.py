@@ -63,6 +63,8 @@ ATTENTION = {COURSE: course_attention, SDPA_BF16: sdpa_bf16_attention}
 
 
 def _refuse_left_padding(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return  # a CUDA graph cannot wait for the device; finetune.graphed_step checks each batch on the host
     mask = kwargs.get("attention_mask")
     if mask is not None and mask.dim() == 2 and bool((mask[:, 1:] > mask[:, :-1]).any()):
         raise ValueError("this attention applies the causal mask only, which is exact for right padding; "

@@ -76,7 +76,8 @@ def tiny_data():
 
 def test_training_step_comparison_records_both_variants(tiny_data):
     data, device = tiny_data, DEV
-    runs = {v: kernels_step.train("tiny", v, 2, data, device, steps=3, warmup_steps=1) for v in kernels_step.VARIANTS}
+    runs = {v: kernels_step.train("tiny", v, 2, data, device, steps=3, warmup_steps=1)
+            for v in kernels_step.variants(device)}
     (stock, stock_losses, stock_grads), (course, course_losses, course_grads) = runs["stock"], runs["course"]
     assert course["replaced"] == ("attention: course, rms_norm_modules: 5, rotary_modules: 2, swiglu_modules: 2, "
                                   "nf4_modules: 14") and stock["replaced"] == "nothing"
@@ -85,6 +86,10 @@ def test_training_step_comparison_records_both_variants(tiny_data):
     assert len(course_losses) == 3 and course_losses == pytest.approx(stock_losses, rel=1e-2)
     assert (course_grads - stock_grads).norm() <= 1e-2 * stock_grads.norm() and stock_grads.norm() > 0
     assert course["final_loss"] == course_losses[-1] and course["tokens_per_s"] > 0
+    if kernels_step.GRAPHED in runs:  # a GPU
+        graphed, graphed_losses, _ = runs[kernels_step.GRAPHED]
+        assert graphed["graphs"] >= 1 and graphed["capture_s"] > 0 and graphed["replaced"] == course["replaced"]
+        assert graphed_losses == pytest.approx(stock_losses, rel=1e-2)
     assert kernels_step.category("flash_fwd_kernel") == "attention" and kernels_step.category("foo") == "other"
     assert kernels_step.category("_rms_norm_fwd_kernel") == "RMSNorm"
     assert kernels_step.category("_rotary_kernel") == "rotary" and kernels_step.category("_swiglu_bwd_kernel") == "SwiGLU"

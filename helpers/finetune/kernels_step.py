@@ -4,13 +4,15 @@ Every variant builds the same nf4 model (same seed), attaches the same LoRA adap
 checkpointing and trains on the same batches with the same dropout masks. "stock" is transformers +
 peft as they come (after peft's k-bit preparation its SDPA attention runs in fp32); "sdpa bf16" is
 the strongest baseline, PyTorch's fused attention in bf16; "course" swaps in the course's
-FlashAttention (bf16), fused RMSNorm, rotary embedding, SwiGLU and nf4 layers (``helpers.patching``).
+FlashAttention (bf16), fused RMSNorm, rotary embedding, SwiGLU and nf4 layers (``helpers.patching``);
+"course graphed" is the same model whose whole step replays CUDA graphs (``graphed_step``), on a GPU only.
 """
 from __future__ import annotations
 
 import gc
 import re
 import statistics
+import time
 
 import torch
 
@@ -18,11 +20,13 @@ from ..bench import profile_kernels
 from ..kernels.flash_attention import tuning_bucket
 from ..patching import SDPA_BF16, use_attention, use_course_kernels
 from .data import TokenizedData, make_batches
+from .graphed_step import GraphedTrainStep
 from .lora import LoraSettings, attach_lora, check_checkpointing
 from .models import build_model
-from .point import GiB, timed_steps
+from .point import GiB, sync, timed_steps
 
-VARIANTS = ("stock", "sdpa bf16", "course")
+GRAPHED = "course graphed"
+VARIANTS = ("stock", "sdpa bf16", "course", GRAPHED)
 # kernel name -> what it does, first match wins (CUDA kernel names of PyTorch, cuBLAS, bitsandbytes, Triton).
 # PyTorch's own RMSNorm is a handful of elementwise and reduction kernels: it lands in "other".
 CATEGORIES = (("RMSNorm", r"rms_norm"),
@@ -33,6 +37,11 @@ CATEGORIES = (("RMSNorm", r"rms_norm"),
               ("matmul", r"gemm|cutlass|nvjet|sm90_|sm80_|matmul|splitk"))
 
 
+def variants(device: torch.device) -> tuple[str, ...]:
+    """The variants ``device`` can run: CUDA graphs need a GPU."""
+    return VARIANTS if device.type == "cuda" else tuple(v for v in VARIANTS if v != GRAPHED)
+
+
 def build(model_name: str, variant: str, data: TokenizedData, device: torch.device, seed: int = 0):
     """The model of one variant, ready to train; (model, what the course's kernels replaced). The
     model keeps its initial LoRA weights (``reset_lora`` puts them back), so one build serves several runs."""
@@ -41,7 +50,7 @@ def build(model_name: str, variant: str, data: TokenizedData, device: torch.devi
     model, _ = build_model(model_name, device, vocab_size=data.vocab_size, attn="sdpa", seed=seed)
     torch.manual_seed(seed)  # the same adapters for every variant
     model = attach_lora(model, LoraSettings(), gradient_checkpointing=True)
-    if variant == "course":
+    if variant in ("course", GRAPHED):
         changed = use_course_kernels(model)
     elif variant == "sdpa bf16":
         use_attention(model, SDPA_BF16)
@@ -102,14 +111,21 @@ def train(model_name: str, variant: str, batch_size: int, data: TokenizedData, d
     batches = make_batches(data.token_ids, batch_size, steps, max_len, seed=seed)
     checkpointing = check_checkpointing(model, batches[0]["input_ids"][:1, :16].to(device))
     grads = lora_gradients(model, {k: v.to(device) for k, v in batches[0].items()}, seed)
-    warm_up(model, batches[warmup_steps:], device)
+    if variant != GRAPHED:  # a graph's capture warms its own shape up
+        warm_up(model, batches[warmup_steps:], device)
     if device.type == "cuda":
         gc.collect()  # garbage of earlier work (a decoder's graphs and the model they hold) out of the peak
         torch.cuda.reset_peak_memory_stats(device)
-    torch.manual_seed(seed)  # the same LoRA dropout masks for every variant
-    times, _, losses = timed_steps(model, batches, device, warmup_steps, None)
+    torch.manual_seed(seed)  # the same LoRA dropout masks for every eager variant
+    graphs = {}
+    if variant == GRAPHED:
+        times, losses, graphs = _graphed_steps(model, batches, device, warmup_steps)
+        peak = max(torch.cuda.max_memory_allocated(device), graphs.pop("held_bytes"))
+    else:
+        times, _, losses = timed_steps(model, batches, device, warmup_steps, None)
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     tokens = sum(int(b["attention_mask"].sum()) for b in batches[warmup_steps:])
-    peak = (torch.cuda.max_memory_allocated(device) - others_bytes) / GiB if device.type == "cuda" else None
+    peak = None if peak is None else (peak - others_bytes) / GiB
     model.zero_grad(set_to_none=True)
     del model
     if device.type == "cuda":
@@ -117,7 +133,31 @@ def train(model_name: str, variant: str, batch_size: int, data: TokenizedData, d
     replaced = ", ".join(f"{k}: {v}" for k, v in changed.items()) or "nothing"
     return ({"model": model_name, "variant": variant, "batch_size": batch_size, "steps": steps, "max_len": max_len,
              "step_s": statistics.median(times), "tokens_per_s": tokens / sum(times), "peak_alloc_gb": peak,
-             "final_loss": losses[-1], "checkpointing": checkpointing, "replaced": replaced}, losses, grads)
+             "final_loss": losses[-1], "checkpointing": checkpointing, "replaced": replaced, **graphs}, losses, grads)
+
+
+def _graphed_steps(model: torch.nn.Module, batches: list[dict], device: torch.device,
+                   warmup_steps: int) -> tuple[list[float], list[float], dict]:
+    """``timed_steps``' contract through CUDA graphs: one captured per padded shape before the first step (an
+    untimed one-off cost, returned as ``capture_s``), then each step a replay, timed with the device synchronised
+    on both sides. The dict also holds ``held_bytes``: the device memory allocated after the last step plus what
+    the graphs' pool reserves beyond its live tensors (the memory the graphs keep between steps)."""
+    step = GraphedTrainStep(model)
+    sync(device)
+    t0 = time.perf_counter()
+    graphs = step.capture(batches)
+    capture_s = time.perf_counter() - t0
+    times, losses = [], []
+    for i, batch in enumerate(batches):
+        sync(device)
+        t0 = time.perf_counter()
+        losses.append(step.step(batch))
+        sync(device)
+        if i >= warmup_steps:
+            times.append(time.perf_counter() - t0)
+    reserved, live = step.pool_bytes()
+    held = torch.cuda.memory_allocated(device) + reserved - live
+    return times, [float(x) for x in losses], {"graphs": graphs, "capture_s": capture_s, "held_bytes": held}
 
 
 def category(kernel: str) -> str:
@@ -136,18 +176,41 @@ def _by_category(rows: list[dict]) -> dict[str, float]:
     return out
 
 
-def _pacing_parts(model: torch.nn.Module, batches: list[dict], device: torch.device) -> dict[str, float]:
-    """Milliseconds per kernel category of one training step (forward, backward, AdamW), the mean over
-    ``batches[1:]`` under the profiler (``batches[0]`` warms up outside it)."""
+def _stepper(model: torch.nn.Module, variant: str, batches: list[dict], device: torch.device):
+    """A function that trains ``model`` one step (forward, backward, AdamW) on a batch: eagerly, or for
+    ``GRAPHED`` a graph replay (the graphs of ``batches``' shapes captured here)."""
+    if variant == GRAPHED:
+        graphed = GraphedTrainStep(model)
+        graphed.capture(batches)
+        return graphed.step
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
-    todo = iter(batches)
 
-    def step() -> None:
-        model(**{k: v.to(device) for k, v in next(todo).items()}).loss.backward()
+    def step(batch: dict) -> None:
+        model(**{k: v.to(device) for k, v in batch.items()}).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    return step
 
-    return _by_category(profile_kernels(step, reps=len(batches) - 1))
+
+def _wall_s(step, batches: list[dict], device: torch.device) -> float:
+    """The mean wall time of a step over ``batches[1:]`` (``batches[0]`` untimed), the device synchronised
+    around each step."""
+    times = []
+    for i, batch in enumerate(batches):
+        sync(device)
+        t0 = time.perf_counter()
+        step(batch)
+        sync(device)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return statistics.fmean(times)
+
+
+def _pacing_parts(step, batches: list[dict]) -> dict[str, float]:
+    """Milliseconds per kernel category of one training step, the mean over ``batches[1:]`` under the
+    profiler (``batches[0]`` warms up outside it)."""
+    todo = iter(batches)
+    return _by_category(profile_kernels(lambda: step(next(todo)), reps=len(batches) - 1))
 
 
 def _pacing_record(model_name: str, variant: str, batch_size: int, steps: int, walls: list[float],
@@ -176,13 +239,14 @@ def pacing_side_by_side(model_name: str, variants: list[str], batch_size: int, d
         raise ValueError(f"each variant once, got {variants}")
     built = built or {}
     batches = make_batches(data.token_ids, batch_size, steps + 1, max_len, seed=seed)
-    models = {}
+    steppers = {}
     for variant in variants:
-        models[variant] = (built.get(variant) or build(model_name, variant, data, device, seed))[0]
-        warm_up(models[variant], batches, device)
+        model = (built.get(variant) or build(model_name, variant, data, device, seed))[0]
+        warm_up(model, batches, device)
+        steppers[variant] = _stepper(model, variant, batches, device)
     walls: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(rounds):
-        for variant, model in models.items():
-            walls[variant].append(statistics.fmean(timed_steps(model, batches, device, 1, None)[0]))
-    return [_pacing_record(model_name, v, batch_size, steps, walls[v], _pacing_parts(models[v], batches, device))
+        for variant, step in steppers.items():
+            walls[variant].append(_wall_s(step, batches, device))
+    return [_pacing_record(model_name, v, batch_size, steps, walls[v], _pacing_parts(steppers[v], batches))
             for v in variants]
