@@ -121,6 +121,8 @@ class GraphedTrainStep:
 
     def pool_bytes(self) -> tuple[int, int]:
         """(reserved, allocated) bytes of the graphs' memory pool: what it holds on the device, and the part
-        of it that live tensors (the losses) occupy."""
+        of it that live tensors (the losses) occupy; (0, 0) before the first capture."""
+        if self.pool is None:
+            return 0, 0
         segments = [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == tuple(self.pool)]
         return sum(s["total_size"] for s in segments), sum(s["allocated_size"] for s in segments)

@@ -1,7 +1,7 @@
 """The QLoRA training step with the course's kernels against the stock step (notebook 07, part 2).
 
 Every variant builds the same nf4 model (same seed), attaches the same LoRA adapters with gradient
-checkpointing and trains on the same batches with the same dropout masks. "stock" is transformers +
+checkpointing and trains on the same batches (the eager variants with the same dropout masks). "stock" is transformers +
 peft as they come (after peft's k-bit preparation its SDPA attention runs in fp32); "sdpa bf16" is
 the strongest baseline, PyTorch's fused attention in bf16; "course" swaps in the course's
 FlashAttention (bf16), fused RMSNorm, rotary embedding, SwiGLU and nf4 layers (``helpers.patching``);
