@@ -147,14 +147,7 @@ def _graphed_steps(model: torch.nn.Module, batches: list[dict], device: torch.de
     t0 = time.perf_counter()
     graphs = step.capture(batches)
     capture_s = time.perf_counter() - t0
-    times, losses = [], []
-    for i, batch in enumerate(batches):
-        sync(device)
-        t0 = time.perf_counter()
-        losses.append(step.step(batch))
-        sync(device)
-        if i >= warmup_steps:
-            times.append(time.perf_counter() - t0)
+    times, losses = _timed(step.step, batches, device, warmup_steps)
     reserved, live = step.pool_bytes()
     held = torch.cuda.memory_allocated(device) + reserved - live
     return times, [float(x) for x in losses], {"graphs": graphs, "capture_s": capture_s, "held_bytes": held}
@@ -192,18 +185,18 @@ def _stepper(model: torch.nn.Module, variant: str, batches: list[dict], device: 
     return step
 
 
-def _wall_s(step, batches: list[dict], device: torch.device) -> float:
-    """The mean wall time of a step over ``batches[1:]`` (``batches[0]`` untimed), the device synchronised
-    around each step."""
-    times = []
+def _timed(step, batches: list[dict], device: torch.device, skip: int) -> tuple[list[float], list]:
+    """``step(batch)`` for each batch, the device synchronised around each: (the wall times [s] of all but the
+    first ``skip`` steps, every step's result)."""
+    times, results = [], []
     for i, batch in enumerate(batches):
         sync(device)
         t0 = time.perf_counter()
-        step(batch)
+        results.append(step(batch))
         sync(device)
-        if i:
+        if i >= skip:
             times.append(time.perf_counter() - t0)
-    return statistics.fmean(times)
+    return times, results
 
 
 def _pacing_parts(step, batches: list[dict]) -> dict[str, float]:
@@ -247,6 +240,6 @@ def pacing_side_by_side(model_name: str, variants: list[str], batch_size: int, d
     walls: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(rounds):
         for variant, step in steppers.items():
-            walls[variant].append(_wall_s(step, batches, device))
+            walls[variant].append(statistics.fmean(_timed(step, batches, device, 1)[0]))
     return [_pacing_record(model_name, v, batch_size, steps, walls[v], _pacing_parts(steppers[v], batches))
             for v in variants]
