@@ -13,6 +13,13 @@ Variants (all in ``_fwd_reload_kernel``, the one-block-a-row path only, N <= 163
                  on the values in registers, as the library computes them.
   * ``ws``       the same, the parameters read from a (3, N) fp32 workspace converted once (outside the
                  timed call: a model would keep it with the parameters), so no per-row conversion for bf16.
+                 Loaded as 1-D vectors, fp32 gets 4 values a thread where bf16 x has 8, and Triton moves
+                 them into x's layout through shared memory (STS/LDS + barriers, 8 KiB; SASS study).
+  * ``f32p``     the parameters as three separate fp32 vectors (converted once outside the timed call, like
+                 ``ws``), each loaded as a [ROWS, BLOCK_N] tile of x's shape, so that it gets x's layout
+                 directly: no per-row conversion and no relayout. (Loaded 1-D, separate vectors compile to
+                 exactly ``ws``'s kernel: the kernel cannot tell a workspace row from a vector.) For fp32
+                 inputs it only changes the load shape, so the sweep runs it for bf16.
   * ``1pass``    mean and variance from one fused reduction of (sum v, sum v^2) -- one cross-warp round
                  instead of two, ~1 fewer op per element -- at the cost of E[v^2] - mean^2 (fine for
                  activations whose |mean| is not >> std; a real kernel would want a shift).
@@ -61,13 +68,19 @@ def _add_pair(a0, a1, b0, b1):
 
 
 @triton.jit
-def _load_param(P, cols, N, EVEN_N: tl.constexpr):
-    """A length-N parameter vector as fp32, kept in L1/L2 for the next row blocks (evict_last)."""
+def _load_param(P, rows, cols, N, EVEN_N: tl.constexpr, TILE: tl.constexpr):
+    """A length-N parameter vector as an fp32 [1, BLOCK_N] row, kept in L1/L2 for the next row blocks
+    (evict_last). TILE: loaded as a [ROWS, BLOCK_N] tile (the row repeated, x's shape) instead of a 1-D
+    vector. For an fp32 vector next to a bf16 x this matters: Triton gives a 1-D fp32 load 4 values a thread
+    (one 128-bit load) where x has 8, then moves it into x's layout through shared memory (the ``ws``
+    variant); a load of x's shape gets x's 8 values a thread (two 128-bit loads) and needs no relayout."""
+    offs = cols[None, :] + 0 * rows[:, None] if TILE else cols
     if EVEN_N:
-        p = tl.load(P + cols, eviction_policy="evict_last")
+        p = tl.load(P + offs, eviction_policy="evict_last")
     else:
-        p = tl.load(P + cols, mask=cols < N, other=0.0, eviction_policy="evict_last")
-    return p.to(tl.float32)
+        p = tl.load(P + offs, mask=offs < N, other=0.0, eviction_policy="evict_last")
+    p = p.to(tl.float32)
+    return p if TILE else p[None, :]
 
 
 @triton.jit
@@ -79,11 +92,12 @@ def _load_x(X, rows, cols, M, N, EVEN_N: tl.constexpr):
 
 @triton.jit
 def _normalize_store(x, rows, cols, B, W, LB, Y, MEAN, RSTD, M, N, eps,
-                     GELU: tl.constexpr, EVEN_N: tl.constexpr, FAST: tl.constexpr, ONEPASS: tl.constexpr):
+                     GELU: tl.constexpr, EVEN_N: tl.constexpr, FAST: tl.constexpr, ONEPASS: tl.constexpr,
+                     PTILE: tl.constexpr):
     """One row block: GELU(x + b), statistics, normalise, affine, store y / mean / rstd. The parameters are
     loaded here, each right before its use, so that none is live across the row loop."""
-    b = _load_param(B, cols, N, EVEN_N)
-    v = _gelu(x.to(tl.float32) + b[None, :], GELU, FAST)  # masked lanes: x = b = 0, GELU(0) = 0
+    b = _load_param(B, rows, cols, N, EVEN_N, PTILE)
+    v = _gelu(x.to(tl.float32) + b, GELU, FAST)  # masked lanes: x = b = 0, GELU(0) = 0
     if ONEPASS:  # one reduction of two operands: a single cross-warp round
         s, ss = tl.reduce((v, v * v), 1, _add_pair)
         mean = s / N
@@ -96,9 +110,9 @@ def _normalize_store(x, rows, cols, B, W, LB, Y, MEAN, RSTD, M, N, eps,
             d = tl.where((cols < N)[None, :], d, 0.0)
         var = tl.sum(d * d, axis=1) / N
     rstd = tl.rsqrt(var + eps)
-    w = _load_param(W, cols, N, EVEN_N)  # only now: not held across the reductions
-    lb = _load_param(LB, cols, N, EVEN_N)
-    y = d * (rstd[:, None] * w[None, :]) + lb[None, :]
+    w = _load_param(W, rows, cols, N, EVEN_N, PTILE)  # only now: not held across the reductions
+    lb = _load_param(LB, rows, cols, N, EVEN_N, PTILE)
+    y = d * (rstd[:, None] * w) + lb
     offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=_mask(rows, cols, M, N, EVEN_N))
     row_ok = rows < M
@@ -110,7 +124,7 @@ def _normalize_store(x, rows, cols, B, W, LB, Y, MEAN, RSTD, M, N, eps,
 def _fwd_reload_kernel(X, B, W, LB, Y, MEAN, RSTD, M, N, eps,
                        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, GELU: tl.constexpr, EVEN_N: tl.constexpr,
                        FAST: tl.constexpr, ONEPASS: tl.constexpr, PERSISTENT: tl.constexpr,
-                       PREFETCH: tl.constexpr, STAGES: tl.constexpr):
+                       PREFETCH: tl.constexpr, STAGES: tl.constexpr, PTILE: tl.constexpr):
     """PERSISTENT: program p handles row blocks p, p + P, ... (P programs), loading the parameters again for
     each (PREFETCH: the next block's x is loaded while this one is computed; STAGES > 1: Triton pipelines
     the loop instead). Otherwise program p handles row block p alone."""
@@ -128,11 +142,12 @@ def _fwd_reload_kernel(X, B, W, LB, Y, MEAN, RSTD, M, N, eps,
                 x_next = _load_x(X, rows + n_prog * ROWS, cols, M, N, EVEN_N)
             else:
                 x = _load_x(X, rows, cols, M, N, EVEN_N)
-            _normalize_store(x, rows, cols, B, W, LB, Y, MEAN, RSTD, M, N, eps, GELU, EVEN_N, FAST, ONEPASS)
+            _normalize_store(x, rows, cols, B, W, LB, Y, MEAN, RSTD, M, N, eps, GELU, EVEN_N, FAST, ONEPASS,
+                             PTILE)
     else:
         rows = pid * ROWS + r
         _normalize_store(_load_x(X, rows, cols, M, N, EVEN_N), rows, cols, B, W, LB, Y, MEAN, RSTD, M, N, eps,
-                         GELU, EVEN_N, FAST, ONEPASS)
+                         GELU, EVEN_N, FAST, ONEPASS, PTILE)
 
 
 # ----------------------------------------------------------------------------------------------- launch
@@ -148,10 +163,12 @@ class Variant:
     stages: int = 1  # persistent only
     onepass: bool = False
     ws: bool = False  # parameters from the fp32 workspace
+    f32p: bool = False  # parameters from three fp32 vectors, loaded as tiles of x's shape
 
     def label(self) -> str:
         kind = "1pass" if self.onepass else "reload"
         kind += "+ws" if self.ws else ""
+        kind += "+f32p" if self.f32p else ""
         if self.persist == 0:
             launch = "grid=blocks"
         else:
@@ -166,22 +183,29 @@ def make_workspace(b, w, lb) -> torch.Tensor:
     return torch.stack([b, w, lb]).float().contiguous()
 
 
-def launch(v: Variant, x, b, w, lb, ws=None, programs_per_sm: int = 1, sm_count: int = 1):
-    """Run variant ``v``: returns ``(y, mean, rstd)``, the compiled kernel (None in the interpreter) and the
-    grid size. For persistent variants the grid is ``min(row blocks, programs_per_sm * sm_count)``."""
+def make_f32_params(b, w, lb) -> tuple[torch.Tensor, ...]:
+    """The parameters as three separate contiguous fp32 vectors (for ``f32p``)."""
+    return tuple(p.float().contiguous() for p in (b, w, lb))
+
+
+def launch(v: Variant, x, b, w, lb, ws=None, f32=None, programs_per_sm: int = 1, sm_count: int = 1):
+    """Run variant ``v`` (``ws``: the workspace, ``f32``: the fp32 vectors, for the variants that read them):
+    returns ``(y, mean, rstd)``, the compiled kernel (None in the interpreter) and the grid size. For
+    persistent variants the grid is ``min(row blocks, programs_per_sm * sm_count)``."""
     m, n = x.shape
     block = triton.next_power_of_2(n)
     if block > K.MAX_BLOCK_FWD:
         raise ValueError(f"N = {n}: only the one-block-a-row path (N <= {K.MAX_BLOCK_FWD}) is explored")
     blocks = triton.cdiv(m, v.rows)
     grid = min(blocks, programs_per_sm * sm_count) if v.persist else blocks
-    pb, pw, plb = (ws[0], ws[1], ws[2]) if v.ws else (b, w, lb)
+    pb, pw, plb = (ws[0], ws[1], ws[2]) if v.ws else f32 if v.f32p else (b, w, lb)
     y = torch.empty_like(x)
     mean, rstd = torch.empty((2, m), dtype=torch.float32, device=x.device)
     handle = _fwd_reload_kernel[(grid,)](
         x, pb, pw, plb, y, mean, rstd, m, n, EPS, BLOCK_N=block, ROWS=v.rows, GELU=K._gelu_mode("auto", x.dtype),
         EVEN_N=block == n, FAST=K.FAST_ASM, ONEPASS=v.onepass, PERSISTENT=v.persist != 0,
-        PREFETCH=v.prefetch and v.persist != 0, STAGES=v.stages if v.persist else 1, num_warps=v.num_warps)
+        PREFETCH=v.prefetch and v.persist != 0, STAGES=v.stages if v.persist else 1, PTILE=v.f32p,
+        num_warps=v.num_warps)
     return (y, mean, rstd), handle, grid
 
 
@@ -242,7 +266,8 @@ def make_inputs(m, n, dtype, device, seed=0):
 CHECK_VARIANTS = [Variant(1, 4), Variant(2, 4, persist=2, prefetch=True), Variant(4, 4, persist=2),
                   Variant(1, 2, persist=2, stages=2), Variant(1, 4, onepass=True),
                   Variant(2, 4, persist=2, prefetch=True, onepass=True), Variant(1, 4, persist=2, ws=True),
-                  Variant(2, 4, onepass=True, ws=True)]
+                  Variant(2, 4, onepass=True, ws=True), Variant(1, 4, f32p=True), Variant(2, 4, f32p=True),
+                  Variant(2, 4, persist=2, prefetch=True, f32p=True)]
 
 
 def run_check() -> int:
@@ -260,9 +285,9 @@ def run_check() -> int:
             c = compare(lib, f64, Y_TOL["f64"][dtype])
             print(f"{dname} N={n:5d} {'library forward':40s} vs f64: y {c['err_y']:.2e} mean {c['err_mean']:.2e} "
                   f"rstd {c['err_rstd']:.2e} (tol ratio {c['tol_ratio']:.2f})")
-            ws = make_workspace(b, w, lb)
+            ws, f32 = make_workspace(b, w, lb), make_f32_params(b, w, lb)
             for v in CHECK_VARIANTS:
-                got, _, _ = launch(v, x, b, w, lb, ws, programs_per_sm=max(v.persist, 1), sm_count=1)
+                got, _, _ = launch(v, x, b, w, lb, ws, f32, programs_per_sm=max(v.persist, 1), sm_count=1)
                 cl, cf = compare(got, lib, Y_TOL["lib"][dtype]), compare(got, f64, Y_TOL["f64"][dtype])
                 ok = cl["ok"] and cf["ok"]
                 failures += not ok
@@ -373,7 +398,7 @@ def run_bench(budget_s: float, out_dir: str | None, only_n: list[int] | None, sm
             continue
         dtype, m = DTYPES[dname], elems // n
         x, b, w, lb = make_inputs(m, n, dtype, helpers.DEVICE)
-        ws = make_workspace(b, w, lb)
+        ws, f32 = make_workspace(b, w, lb), make_f32_params(b, w, lb)
         moved = chain.fused_forward_bytes(m, n, x.element_size())  # x + y + 8 B/row of stats + 3 parameter rows
 
         def record(config, ms, status, regs=None, spills=None, occ=None, grid=None, compile_s=None, **extra):
@@ -413,12 +438,12 @@ def run_bench(budget_s: float, out_dir: str | None, only_n: list[int] | None, sm
                 continue
             t = time.perf_counter()
             try:
-                _, handle, _ = launch(v, x, b, w, lb, ws, programs_per_sm=1, sm_count=sms)
+                _, handle, _ = launch(v, x, b, w, lb, ws, f32, programs_per_sm=1, sm_count=sms)
                 _sync()
                 compile_s = time.perf_counter() - t
                 regs, spills, occ = resident_programs(handle, v.num_warps, props)
                 k = (occ or 1) if v.persist < 0 else max(v.persist, 1)
-                got, _, grid = launch(v, x, b, w, lb, ws, programs_per_sm=k, sm_count=sms)
+                got, _, grid = launch(v, x, b, w, lb, ws, f32, programs_per_sm=k, sm_count=sms)
                 check = compare(got, ref, Y_TOL["lib"][dtype])
             except Exception as e:  # noqa: BLE001
                 record(v.label(), None, f"error: {e!s:.80}")
@@ -428,12 +453,12 @@ def run_bench(budget_s: float, out_dir: str | None, only_n: list[int] | None, sm
                 record(label, None, f"MISMATCH vs lib: y {check['err_y']:.1e} (ratio {check['tol_ratio']:.1f}), "
                                     "not timed", regs, spills, occ, grid, compile_s)
                 continue
-            ms = bench.time_fn(lambda: launch(v, x, b, w, lb, ws, programs_per_sm=k, sm_count=sms), **TIMING).ms
+            ms = bench.time_fn(lambda: launch(v, x, b, w, lb, ws, f32, programs_per_sm=k, sm_count=sms), **TIMING).ms
             record(label, ms, "ok", regs, spills, occ, grid, compile_s, err_y=check["err_y"])
         if any(v.ws for v in variants):  # what the workspace costs when it is rebuilt every call
             ms = bench.time_fn(lambda: make_workspace(b, w, lb), **TIMING).ms
             emit({"dtype": dname, "N": n, "M": m, "config": "(fp32 workspace build alone)", "ms": ms, "status": "info"})
-        del x, b, w, lb, ws, ref
+        del x, b, w, lb, ws, f32, ref
         if helpers.HAS_CUDA:
             torch.cuda.empty_cache()
         save()
