@@ -36,15 +36,25 @@ class GraphedTrainStep:
     tensor, not synchronised); the first batch of each padded shape is captured first, an untimed cost, or
     call :meth:`capture` with every batch up front. Training state is the same as after eager AdamW steps
     (``lr``, default betas and weight decay); the LoRA dropout masks come from the same generator, but the
-    draws follow the graph's order, so the masks differ from an eager run's."""
+    draws follow the graph's order, so the masks differ from an eager run's.
+
+    The graphs hold the addresses of the LoRA weights, their gradients and AdamW's state: change those tensors
+    in place only (``copy_``), never replace them (``load_state_dict``, ``.to()``); ``lr`` is fixed at capture.
+    Pass batches on the CPU (a device batch's left-padding check waits for the device), from one stream."""
+
+    MIN_TORCH = (2, 10)  # checkpointing rewinds the RNG inside the capture: legal from 2.10 (pytorch#162505)
 
     def __init__(self, model: torch.nn.Module, lr: float = 2e-4, pad_to: int = 64, warmup: int = 1) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("CUDA graphs need a CUDA device")
+        if tuple(int(v) for v in torch.__version__.split(".")[:2]) < self.MIN_TORCH:
+            raise RuntimeError(f"capturing a checkpointed training step needs torch >= 2.10, got {torch.__version__}")
         if pad_to < 1 or warmup < 1:
             raise ValueError(f"pad_to and warmup must be >= 1, got pad_to={pad_to}, warmup={warmup}")
         self.model, self.pad_to, self.warmup = model, pad_to, warmup
         self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
         self.device = self.params[0].device
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, capturable=True)
         self.graphs: dict[tuple[int, ...], tuple[torch.cuda.CUDAGraph, dict, torch.Tensor]] = {}
@@ -93,6 +103,8 @@ class GraphedTrainStep:
                 self._eager(static)
         torch.cuda.current_stream(self.device).wait_stream(side)
         self.grads = [p.grad for p in self.params]
+        if any(g is None for g in self.grads):
+            raise ValueError("a trainable parameter got no gradient in the warm-up step; freeze it or use it")
         with torch.no_grad():  # undo the warm-up (AdamW's first state is zeros, its step count 0)
             for i, (p, w) in enumerate(zip(self.params, weights)):
                 p.copy_(w)
@@ -121,7 +133,8 @@ class GraphedTrainStep:
 
     def pool_bytes(self) -> tuple[int, int]:
         """(reserved, allocated) bytes of the graphs' memory pool: what it holds on the device, and the part
-        of it that live tensors (the losses) occupy; (0, 0) before the first capture."""
+        of it that live tensors (the losses, any library workspace kept from a capture) occupy; (0, 0) before
+        the first capture."""
         if self.pool is None:
             return 0, 0
         segments = [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == tuple(self.pool)]
