@@ -62,13 +62,19 @@ def sdpa_bf16_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
 ATTENTION = {COURSE: course_attention, SDPA_BF16: sdpa_bf16_attention}
 
 
+def refuse_left_padding(mask: torch.Tensor) -> None:
+    """Raise ValueError if a (B, S) attention mask has padding before real tokens: the causal mask alone,
+    which the functions here apply, is exact for right padding only."""
+    if mask.dim() == 2 and bool((mask[:, 1:] > mask[:, :-1]).any()):
+        raise ValueError("this attention applies the causal mask only, which is exact for right padding; "
+                         "this batch has padding before real tokens (left padding)")
+
+
 def _refuse_left_padding(module: nn.Module, args: tuple, kwargs: dict) -> None:
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return  # a CUDA graph cannot wait for the device; finetune.graphed_step checks each batch on the host
-    mask = kwargs.get("attention_mask")
-    if mask is not None and mask.dim() == 2 and bool((mask[:, 1:] > mask[:, :-1]).any()):
-        raise ValueError("this attention applies the causal mask only, which is exact for right padding; "
-                         "this batch has padding before real tokens (left padding)")
+    if kwargs.get("attention_mask") is not None:
+        refuse_left_padding(kwargs["attention_mask"])
 
 
 def use_attention(model: nn.Module, name: str = COURSE) -> None:

@@ -353,15 +353,6 @@ def resident_programs(handle, num_warps: int, props) -> tuple[int | None, int | 
     return regs, spills, max(0, min(by_regs, warps_sm // num_warps, by_smem, 32))
 
 
-def copy_gbps(nbytes: int) -> float:
-    """Device-to-device copy of ``nbytes`` (read + write counted), median of >= 20 L2-flushed runs."""
-    src = torch.randn(nbytes // 4, device=helpers.DEVICE)
-    dst = torch.empty_like(src)
-    ms = bench.time_fn(lambda: dst.copy_(src), warmup_ms=25, rep_ms=100, min_reps=20).ms
-    del src, dst
-    return 2 * nbytes / ms / 1e6
-
-
 def run_bench(budget_s: float, out_dir: str | None, only_n: list[int] | None, smoke: bool) -> int:
     """The sweep. ``smoke``: the same code path on tiny shapes (any device, the interpreter on a CPU), to test
     the script itself; its timings mean nothing."""
@@ -372,8 +363,8 @@ def run_bench(budget_s: float, out_dir: str | None, only_n: list[int] | None, sm
     sms = props.multi_processor_count if props else K._sm_count(helpers.DEVICE)
     name = props.name if props else "cpu"
     print(f"{helpers.describe()}; {name}, {sms} SMs; torch {torch.__version__}, triton {triton.__version__}")
-    copy_1g = copy_gbps(copy_big)
-    copy_same = {d: copy_gbps(elems * t.itemsize) for d, t in DTYPES.items()}
+    copy_1g = bench.copy_bandwidth(copy_big)["gbps"]
+    copy_same = {d: bench.copy_bandwidth(elems * t.itemsize)["gbps"] for d, t in DTYPES.items()}
     print(f"copy {copy_big >> 20} MiB: {copy_1g:,.0f} GB/s; copy of x: " +
           ", ".join(f"{d} {elems * DTYPES[d].itemsize >> 20} MiB {g:,.0f} GB/s" for d, g in copy_same.items()))
     records, skipped = [], []

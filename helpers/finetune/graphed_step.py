@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..patching import refuse_left_padding
 from .data import PAD_ID
 
 
@@ -25,10 +26,6 @@ def pad_width(batch: dict[str, torch.Tensor], multiple: int) -> dict[str, torch.
         return batch
     fill = {"input_ids": PAD_ID, "attention_mask": 0, "labels": -100}
     return {k: F.pad(v, (0, extra), value=fill[k]) for k, v in batch.items()}
-
-
-def _left_padded(mask: torch.Tensor) -> bool:
-    return bool((mask[:, 1:] > mask[:, :-1]).any())
 
 
 class GraphedTrainStep:
@@ -90,8 +87,7 @@ class GraphedTrainStep:
         return len(todo)
 
     def _capture(self, shape: tuple[int, ...], batch: dict) -> None:
-        if _left_padded(batch["attention_mask"].cpu()):
-            raise ValueError("this batch has padding before real tokens (left padding); the step needs right padding")
+        refuse_left_padding(batch["attention_mask"].cpu())
         static = {k: v.to(self.device).clone() for k, v in batch.items()}
         self._attach_grads()
         weights = [p.detach().clone() for p in self.params]
@@ -119,8 +115,7 @@ class GraphedTrainStep:
     def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """One training step on ``batch`` (right-padded; padded further to a multiple of ``pad_to``); its loss."""
         batch = pad_width(batch, self.pad_to)
-        if _left_padded(batch["attention_mask"].cpu()):
-            raise ValueError("this batch has padding before real tokens (left padding); the step needs right padding")
+        refuse_left_padding(batch["attention_mask"].cpu())
         shape = tuple(batch["input_ids"].shape)
         if shape not in self.graphs:
             self.capture([batch])
