@@ -54,7 +54,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from helpers import bench, chain  # noqa: E402
+from helpers import bench, chain, results  # noqa: E402
 from helpers.kernels import fused_bias_gelu_layernorm as K  # noqa: E402
 from helpers.kernels.fused_bias_gelu_layernorm import _gelu, _mask  # noqa: E402  (jit helpers the kernel calls)
 
@@ -376,8 +376,8 @@ def run_bench(budget_s: float, out_dir: str | None, only_n: list[int] | None, sm
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
             with open(os.path.join(out_dir, "fused_explore.json"), "w") as f:
-                json.dump({"device": name, "sms": sms, "torch": torch.__version__, "triton": triton.__version__,
-                           "smoke": smoke, "elems": elems, "copy_1gib_gbps": copy_1g, "copy_same_gbps": copy_same,
+                json.dump({"provenance": results.provenance(), "device": name, "sms": sms, "smoke": smoke,
+                           "elems": elems, "copy_1gib_gbps": copy_1g, "copy_same_gbps": copy_same,
                            "elapsed_s": time.perf_counter() - _T0, "records": records, "skipped": skipped}, f, indent=1)
 
     def emit(rec: dict) -> None:
