@@ -75,6 +75,7 @@ CONFIGS = [  # several chunks per program, split K (even and uneven), wide and n
     K.Config(32, 512, 4, split_k=4),
     K.Config(16, 64, 4, split_k=3, prefetch=True),  # loads one chunk ahead, over uneven slices
     K.Config(32, 64, 2, prefetch=True),
+    K.Config(4, 128, 2, prefetch=True),  # narrow tiles: one row of x only (m = 5 must refuse them)
 ]
 
 
@@ -83,6 +84,10 @@ CONFIGS = [  # several chunks per program, split K (even and uneven), wide and n
 def test_configs_and_bias(cfg, m, poisoned):
     packed, state = quantize(70, 448)
     x, bias = randn(m, 448), randn(70, seed=2)
+    if m > 1 and cfg.block_n < 16:
+        with pytest.raises(ValueError, match="block_n must be >= 16"):
+            K.nf4_matmul(x, (packed, state), bias, config=cfg)
+        return
     y = K.nf4_matmul(x, (packed, state), bias, config=cfg)
     assert rel_err(y, reference(x, packed, state, bias)) < TOL[torch.float32]
 
@@ -414,5 +419,5 @@ def test_bad_input_is_a_clear_error():
         K.nf4_matmul(randn(1, 96), quantize(4, 96))
     with pytest.raises(ValueError, match="multiple of the weight's blocksize"):
         K.nf4_matmul(x, w, config=K.Config(16, 32, 4))
-    with pytest.raises(ValueError, match="block_n must be >= 16"):
-        K.Config(8, 64, 4)
+    with pytest.raises(ValueError, match="block_n must be >= 16 for 5 row"):
+        K.nf4_matmul(randn(5, 64), w, config=K.Config(8, 64, 4))

@@ -11,6 +11,8 @@ run in any order.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -75,14 +77,16 @@ class GraphedTrainStep:
 
     def capture(self, batches: list[dict]) -> int:
         """Capture a graph for each padded shape among ``batches`` not captured yet; returns how many.
-        The training state is left as it was (the warm-up steps before each capture are undone)."""
+        The training state is left as it was (the warm-up steps before each capture are undone). Largest
+        shape first: the pool's first blocks, sized for the largest step, are then split for the smaller ones
+        rather than each larger capture adding blocks of its own."""
         todo: dict[tuple[int, ...], dict] = {}
         for batch in batches:
             batch = pad_width(batch, self.pad_to)
             shape = tuple(batch["input_ids"].shape)
             if shape not in self.graphs:
                 todo.setdefault(shape, batch)
-        for shape, batch in todo.items():
+        for shape, batch in sorted(todo.items(), key=lambda item: -math.prod(item[0])):
             self._capture(shape, batch)
         return len(todo)
 

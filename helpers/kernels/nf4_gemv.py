@@ -436,8 +436,6 @@ class Config:
 
     def __post_init__(self):
         check_powers_of_two(self, "block_n", "block_k", "num_warps")
-        if self.block_n < 16:
-            raise ValueError(f"Config.block_n must be >= 16 (tl.dot's smallest tile), got {self.block_n}")
         if self.block_k < 32:
             raise ValueError(f"Config.block_k must be >= 32 (the smallest blocksize), got {self.block_k}")
         if self.split_k < 1 or self.num_stages < 1:
@@ -648,6 +646,10 @@ def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | No
         x2 = x2.contiguous()
     gate2 = x2 if gate is None else gate.reshape(m, ops.k).contiguous()
     cfg = config or config_for(m, n, ops.k, ops.blocksize, x.dtype)
+    block_m = _block_m(m, x.dtype)
+    if block_m > 1 and cfg.block_n < 16:
+        raise ValueError(f"Config.block_n must be >= 16 for {m} row(s) of {x.dtype} x (the tensor-core path; "
+                         f"tl.dot's smallest tile), got {cfg.block_n}")
     if cfg.block_k % ops.blocksize:
         raise ValueError(f"Config.block_k = {cfg.block_k} must be a multiple of the weight's blocksize "
                          f"{ops.blocksize}")
@@ -667,7 +669,7 @@ def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | No
         x2, gate2, w0[0], ops.code, w0[1], w0[2], ops.nested_code if nested else ops.absmax, w0[3],
         bias if bias is not None else x2, target, *more[0], *more[1],
         m, n, ns[0], ns[1] if len(ns) > 1 else 0, ops.k, x2.stride(0), per_split,
-        QB=ops.blocksize, NESTED_QB=ops.nested_blocksize, BLOCK_M=_block_m(m, x.dtype), BLOCK_N=cfg.block_n,
+        QB=ops.blocksize, NESTED_QB=ops.nested_blocksize, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, NESTED=nested, HAS_BIAS=bias is not None, PARTIAL=split > 1, WEIGHTS=len(weights),
         ASM=asm, DOT_FP32=DOT_FP32, STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, SWIGLU=gate is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32 x: full-precision products

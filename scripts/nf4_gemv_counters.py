@@ -1,0 +1,114 @@
+"""Hardware counters of the fused nf4 kernel at one row of x (a decode step), read by Nsight Compute.
+
+    python scripts/nf4_gemv_counters.py                        # runs ncu on itself; needs ncu and a GPU
+    python scripts/nf4_gemv_counters.py --from-csv saved.csv   # the table again from a saved ncu output
+
+For each Llama-2-7B weight shape the kernel's default launch runs twice (the first compiles it) under
+``ncu --clock-control none`` (the GPU's own clocks, as in every other measurement of the course); the
+second launch's counters go to ``results/<gpu>/nf4_gemv_counters.json`` (ncu's raw output next to it, .csv): its time, DRAM throughput, how busy the ALU
+pipe (integer and logic: the nibble lookups' ``prmt`` and ``lop3``) and the FMA pipe were, the issue slots
+used, warps resident and ready per scheduler, registers, and instructions per weight. ncu flushes the
+caches before each measured pass, so each launch reads its weight from HBM.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import subprocess
+import sys
+
+METRICS = {  # record field -> ncu metric
+    "duration_ns": "gpu__time_duration.sum",
+    "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "alu_pipe_pct": "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active",
+    "fma_pipe_pct": "sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active",
+    "issue_slots_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "warps_per_scheduler": "smsp__warps_active.avg.per_cycle_active",
+    "eligible_per_scheduler": "smsp__warps_eligible.avg.per_cycle_active",
+    "warp_instructions": "smsp__inst_executed.sum",
+    "registers": "launch__registers_per_thread",
+    "grid": "launch__grid_size",
+    "block": "launch__block_size",
+}
+LAUNCHES = 2  # per shape: the first compiles, the second is kept
+
+
+def launch() -> None:
+    """What ncu profiles: every shape's default launch, ``LAUNCHES`` times, in the order of LLAMA_7B_SHAPES."""
+    import torch
+
+    from helpers import require_cuda
+    from helpers.decode_bench import LLAMA_7B_SHAPES, nf4_weights
+    from helpers.kernels.nf4_gemv import nf4_matmul, nf4_operands
+
+    require_cuda("reading the nf4 kernel's hardware counters")
+    for n, k in LLAMA_7B_SHAPES.values():
+        ops = nf4_operands(nf4_weights(n, k, min_bytes=0)[0])
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        for _ in range(LAUNCHES):
+            nf4_matmul(x, ops)
+    torch.cuda.synchronize()
+
+
+def parse(text: str) -> list[dict]:
+    """ncu's ``--csv --page raw --print-units base`` output -> one record per kept launch: the fields of METRICS
+    (the time in microseconds), the shape, instructions per weight."""
+    from helpers.decode_bench import LLAMA_7B_SHAPES
+
+    lines = [line for line in text.splitlines() if line.startswith('"')]  # drops ==PROF== and program output
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
+    rows = [r for r in rows if "_nf4_matmul_kernel" in r.get("Kernel Name", "")]  # (the units row has no name)
+    if len(rows) != LAUNCHES * len(LLAMA_7B_SHAPES):
+        raise RuntimeError(f"expected {LAUNCHES * len(LLAMA_7B_SHAPES)} profiled launches, found {len(rows)}")
+    records = []
+    for i, (label, (n, k)) in enumerate(LLAMA_7B_SHAPES.items()):
+        row = rows[LAUNCHES * i + LAUNCHES - 1]
+        rec = {"shape": label, "N": n, "K": k}
+        for field, metric in METRICS.items():
+            rec[field] = float(row[metric].replace(",", ""))
+        rec["duration_us"] = rec.pop("duration_ns") / 1e3
+        rec["instructions_per_weight"] = 32 * rec["warp_instructions"] / (n * k)
+        records.append(rec)
+    return records
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--launch", action="store_true", help=argparse.SUPPRESS)  # the profiled child
+    parser.add_argument("--from-csv", help="a saved ncu output (--csv --page raw) to tabulate (nothing saved)")
+    args = parser.parse_args()
+    if args.launch:
+        launch()
+        return 0
+    from helpers import require_cuda, results
+
+    if args.from_csv:
+        with open(args.from_csv) as f:
+            text = f.read()
+    else:
+        require_cuda("reading the nf4 kernel's hardware counters")
+        cmd = ["ncu", "--clock-control", "none", "--csv", "--page", "raw", "--print-units", "base", "-k", "regex:_nf4_matmul_kernel",
+               "--metrics", ",".join(METRICS.values()), sys.executable, os.path.abspath(__file__), "--launch"]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        text = run.stdout
+        raw = results.path_for("nf4_gemv_counters").with_suffix(".csv")
+        raw.parent.mkdir(parents=True, exist_ok=True)
+        raw.write_text(text)
+        if run.returncode:
+            print(text[-3000:], run.stderr[-3000:])
+            return run.returncode
+    records = parse(text)
+    for r in records:
+        print(f"{r['shape']:34s} {r['duration_us']:6.1f} us  DRAM {r['dram_pct']:4.0f}%  ALU pipe {r['alu_pipe_pct']:4.0f}%  "
+              f"FMA pipe {r['fma_pipe_pct']:4.0f}%  issue {r['issue_slots_pct']:4.0f}%  warps/scheduler "
+              f"{r['warps_per_scheduler']:.1f} ({r['eligible_per_scheduler']:.2f} ready)  {r['registers']:.0f} registers  "
+              f"{r['instructions_per_weight']:.2f} instructions/weight")
+    if not args.from_csv:
+        print(f"saved to {results.save('nf4_gemv_counters', records)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
