@@ -4,11 +4,13 @@
     python scripts/nf4_gemv_counters.py --from-csv saved.csv   # the table again from a saved ncu output
 
 For each Llama-2-7B weight shape the kernel's default launch runs twice (the first compiles it) under
-``ncu --clock-control none`` (the GPU's own clocks, as in every other measurement of the course); the
-second launch's counters go to ``results/<gpu>/nf4_gemv_counters.json`` (ncu's raw output next to it, .csv): its time, DRAM throughput, how busy the ALU
-pipe (integer and logic: the nibble lookups' ``prmt`` and ``lop3``) and the FMA pipe were, the issue slots
-used, warps resident and ready per scheduler, registers, and instructions per weight. ncu flushes the
-caches before each measured pass, so each launch reads its weight from HBM.
+``ncu --clock-control none`` (the GPU's own clocks, as in every other measurement of the course). The
+second launch's counters go to ``results/<gpu>/nf4_gemv_counters.json``, ncu's raw output next to it (.csv):
+its time, DRAM throughput (share of peak, over the whole kernel), how busy the ALU pipe (integer and logic:
+the nibble lookups' ``prmt`` and ``lop3``) and the FMA pipe were (shares of peak over the cycles the SMs were
+active), the issue slots used, warps resident and ready per scheduler, registers, and a thread's instructions
+per weight (warp instructions x 32 / weights). ncu flushes the caches before each measured pass, so each
+launch reads its weight from HBM.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import argparse
 import csv
 import io
 import os
+import shutil
 import subprocess
 import sys
 
@@ -41,10 +44,12 @@ def launch() -> None:
 
     from helpers import require_cuda
     from helpers.decode_bench import LLAMA_7B_SHAPES, nf4_weights
-    from helpers.kernels.nf4_gemv import nf4_matmul, nf4_operands
+    from helpers.kernels.nf4_gemv import config_for, nf4_matmul, nf4_operands
 
     require_cuda("reading the nf4 kernel's hardware counters")
     for n, k in LLAMA_7B_SHAPES.values():
+        if config_for(1, n, k).split_k > 1:  # its second kernel (the partial sums) would go uncounted
+            raise RuntimeError(f"the default launch for ({n}, {k}) splits K; count _sum_splits_kernel too")
         ops = nf4_operands(nf4_weights(n, k, min_bytes=0)[0])
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         for _ in range(LAUNCHES):
@@ -89,13 +94,12 @@ def main() -> int:
             text = f.read()
     else:
         require_cuda("reading the nf4 kernel's hardware counters")
+        if shutil.which("ncu") is None:
+            raise SystemExit("ncu (Nsight Compute) is not on the PATH: it ships with the CUDA toolkit")
         cmd = ["ncu", "--clock-control", "none", "--csv", "--page", "raw", "--print-units", "base", "-k", "regex:_nf4_matmul_kernel",
                "--metrics", ",".join(METRICS.values()), sys.executable, os.path.abspath(__file__), "--launch"]
         run = subprocess.run(cmd, capture_output=True, text=True)
         text = run.stdout
-        raw = results.path_for("nf4_gemv_counters").with_suffix(".csv")
-        raw.parent.mkdir(parents=True, exist_ok=True)
-        raw.write_text(text)
         if run.returncode:
             print(text[-3000:], run.stderr[-3000:])
             return run.returncode
@@ -106,7 +110,13 @@ def main() -> int:
               f"{r['warps_per_scheduler']:.1f} ({r['eligible_per_scheduler']:.2f} ready)  {r['registers']:.0f} registers  "
               f"{r['instructions_per_weight']:.2f} instructions/weight")
     if not args.from_csv:
-        print(f"saved to {results.save('nf4_gemv_counters', records)}")
+        from helpers.kernels.nf4_gemv import config_for
+
+        for r in records:
+            r["config"] = str(config_for(1, r["N"], r["K"]))
+        path = results.save("nf4_gemv_counters", records)
+        path.with_suffix(".csv").write_text(text)  # ncu's own output, for --from-csv
+        print(f"saved to {path} (and .csv)")
     return 0
 
 

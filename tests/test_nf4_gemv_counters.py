@@ -1,10 +1,11 @@
 """scripts/nf4_gemv_counters.py: reading Nsight Compute's raw CSV into records (ncu itself needs a GPU)."""
 import importlib.util
+import json
 
 import pytest
 
-from helpers.results import REPO_ROOT
 from helpers.decode_bench import LLAMA_7B_SHAPES
+from helpers.results import REPO_ROOT
 
 spec = importlib.util.spec_from_file_location("nf4_gemv_counters", REPO_ROOT / "scripts" / "nf4_gemv_counters.py")
 counters = importlib.util.module_from_spec(spec)
@@ -12,7 +13,8 @@ spec.loader.exec_module(counters)
 
 
 def ncu_csv(launches: int) -> str:
-    """ncu's ``--csv --page raw`` layout: program output and ==PROF== lines, a header, a units row, a row a launch."""
+    """ncu's ``--csv --page raw`` layout: program output and ==PROF== lines, a header, a units row, a row a
+    launch; launch i's metric j holds 1000 (i + 1) + j."""
     metrics = list(counters.METRICS.values())
     head = ["ID", "Kernel Name", *metrics]
     lines = ["==PROF== Connected to process", "some program output",
@@ -26,13 +28,24 @@ def ncu_csv(launches: int) -> str:
 def test_parse_keeps_each_shapes_last_launch():
     records = counters.parse(ncu_csv(counters.LAUNCHES * len(LLAMA_7B_SHAPES)))
     assert [r["shape"] for r in records] == list(LLAMA_7B_SHAPES)
-    first, (n, k) = records[0], next(iter(LLAMA_7B_SHAPES.values()))
     index = list(counters.METRICS).index("warp_instructions")
-    assert first["duration_us"] == counters.LAUNCHES  # launch LAUNCHES - 1 (from 0): 1000 * LAUNCHES ns
-    assert first["warp_instructions"] == 1000 * counters.LAUNCHES + index
-    assert first["instructions_per_weight"] == pytest.approx(32 * first["warp_instructions"] / (n * k))
+    for i, (r, (n, k)) in enumerate(zip(records, LLAMA_7B_SHAPES.values())):
+        launch = counters.LAUNCHES * (i + 1)  # the shape's last launch, counted from 1
+        assert r["duration_us"] == launch  # 1000 * launch ns
+        assert r["warp_instructions"] == 1000 * launch + index
+        assert r["instructions_per_weight"] == pytest.approx(32 * r["warp_instructions"] / (n * k))
 
 
 def test_parse_refuses_a_missing_launch():
     with pytest.raises(RuntimeError, match="expected"):
         counters.parse(ncu_csv(counters.LAUNCHES * len(LLAMA_7B_SHAPES) - 1))
+
+
+def test_parse_reads_the_committed_h200_run():
+    """The committed raw ncu output parses to the committed records (real metric names, units, layout)."""
+    raw = REPO_ROOT / "results" / "h200" / "nf4_gemv_counters.csv"
+    saved = json.loads(raw.with_suffix(".json").read_text())["records"]
+    parsed = counters.parse(raw.read_text())
+    for rec in saved:
+        rec.pop("config", None)  # added after parsing, from the launch table
+    assert parsed == saved
