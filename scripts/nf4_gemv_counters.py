@@ -22,6 +22,12 @@ import shutil
 import subprocess
 import sys
 
+import torch
+
+from helpers import require_cuda, results
+from helpers.decode_bench import LLAMA_7B_SHAPES, nf4_weights
+from helpers.kernels.nf4_gemv import config_for, nf4_matmul, nf4_operands
+
 METRICS = {  # record field -> ncu metric
     "duration_ns": "gpu__time_duration.sum",
     "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
@@ -40,13 +46,6 @@ LAUNCHES = 2  # per shape: the first compiles, the second is kept
 
 def launch() -> None:
     """What ncu profiles: every shape's default launch, ``LAUNCHES`` times, in the order of LLAMA_7B_SHAPES."""
-    import torch
-
-    from helpers import require_cuda
-    from helpers.decode_bench import LLAMA_7B_SHAPES, nf4_weights
-    from helpers.kernels.nf4_gemv import config_for, nf4_matmul, nf4_operands
-
-    require_cuda("reading the nf4 kernel's hardware counters")
     for n, k in LLAMA_7B_SHAPES.values():
         if config_for(1, n, k).split_k > 1:  # its second kernel (the partial sums) would go uncounted
             raise RuntimeError(f"the default launch for ({n}, {k}) splits K; count _sum_splits_kernel too")
@@ -60,8 +59,6 @@ def launch() -> None:
 def parse(text: str) -> list[dict]:
     """ncu's ``--csv --page raw --print-units base`` output -> one record per kept launch: the fields of METRICS
     (the time in microseconds), the shape, instructions per weight."""
-    from helpers.decode_bench import LLAMA_7B_SHAPES
-
     lines = [line for line in text.splitlines() if line.startswith('"')]  # drops ==PROF== and program output
     rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
     rows = [r for r in rows if "_nf4_matmul_kernel" in r.get("Kernel Name", "")]  # (the units row has no name)
@@ -84,20 +81,19 @@ def main() -> int:
     parser.add_argument("--launch", action="store_true", help=argparse.SUPPRESS)  # the profiled child
     parser.add_argument("--from-csv", help="a saved ncu output (--csv --page raw) to tabulate (nothing saved)")
     args = parser.parse_args()
-    if args.launch:
-        launch()
-        return 0
-    from helpers import require_cuda, results
-
     if args.from_csv:
         with open(args.from_csv) as f:
             text = f.read()
     else:
         require_cuda("reading the nf4 kernel's hardware counters")
+        if args.launch:
+            launch()
+            return 0
         if shutil.which("ncu") is None:
             raise SystemExit("ncu (Nsight Compute) is not on the PATH: it ships with the CUDA toolkit")
-        cmd = ["ncu", "--clock-control", "none", "--csv", "--page", "raw", "--print-units", "base", "-k", "regex:_nf4_matmul_kernel",
-               "--metrics", ",".join(METRICS.values()), sys.executable, os.path.abspath(__file__), "--launch"]
+        cmd = ["ncu", "--clock-control", "none", "--csv", "--page", "raw", "--print-units", "base",
+               "-k", "regex:_nf4_matmul_kernel", "--metrics", ",".join(METRICS.values()),
+               sys.executable, os.path.abspath(__file__), "--launch"]
         run = subprocess.run(cmd, capture_output=True, text=True)
         text = run.stdout
         if run.returncode:
@@ -110,8 +106,6 @@ def main() -> int:
               f"{r['warps_per_scheduler']:.1f} ({r['eligible_per_scheduler']:.2f} ready)  {r['registers']:.0f} registers  "
               f"{r['instructions_per_weight']:.2f} instructions/weight")
     if not args.from_csv:
-        from helpers.kernels.nf4_gemv import config_for
-
         for r in records:
             r["config"] = str(config_for(1, r["N"], r["K"]))
         path = results.save("nf4_gemv_counters", records)

@@ -40,12 +40,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1], choices=sorted(GRID))
     parser.add_argument("--top", type=int, default=4)
-    for field in ("block_n", "block_k", "num_warps", "split_k"):
+    fields = ("block_n", "block_k", "num_warps", "split_k")  # the grid's axes the command line may set
+    for field in fields:
         parser.add_argument(f"--{field.replace('_', '-')}", type=int, nargs="+", help=f"{field} values (default: GRID's)")
     args = parser.parse_args()
     for rows in args.rows:  # the command line narrows or widens the grid
-        GRID[rows].update({f: tuple(v) for f in ("block_n", "block_k", "num_warps", "split_k")
-                           if (v := getattr(args, f)) is not None})
+        GRID[rows].update({f: tuple(v) for f in fields if (v := getattr(args, f)) is not None})
     require_cuda("tuning the nf4 kernel")
     copy = bench.copy_bandwidth()["gbps"]
     print(f"copy bandwidth {copy:,.0f} GB/s")
