@@ -3,6 +3,7 @@
 
     python scripts/fused_bias_gelu_layernorm_tune.py [--ns 8192] [--block 4096] [--passes fwd] [--dtypes bf16]
                                                      [--gelu erf_exp2] [--out sweep.json]
+                                                     [--rows 1 2] [--num-warps 4 8] [--programs-per-sm 2] [--loads 3]
 
 For fp32 and bf16 and N in 1024 ... 8192 (M x N = 64M elements, as notebook 04 benchmarks), times
 every ``Config`` of a small grid (rows per program x warps x programs per SM x how the next row block
@@ -33,7 +34,7 @@ GRID = {"fwd": {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16, 32), "programs_per
                 "loads": ("prefetch", 3, 4)},  # the next row block prefetched, or the loop pipelined in 3 or 4 stages
         "bwd": {"rows": (1, 2, 4), "num_warps": (4, 8, 16), "programs_per_sm": (1, 2, 4), "loads": ("prefetch", 1)}}
 PER_THREAD = {"fwd": (4, 64), "bwd": (2, 32)}  # elements of a tile per thread worth trying (fewer idle, more spill)
-TIMING = {"warmup_ms": 5, "rep_ms": 25, "min_reps": 10}
+TIMING = {"warmup_ms": 5, "rep_ms": 25, "min_reps": 10, "flush_l2": "read"}  # as notebook 04 times
 
 
 def _host_ms(fn, calls: int = 50) -> float:
@@ -58,7 +59,14 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", choices=tuple(DTYPES), default=list(DTYPES))
     parser.add_argument("--gelu", default="auto", choices=["auto", *K.GELU_MODES],
                         help="GELU variant of the swept kernels (the fwd+bwd split keeps auto)")
+    for axis in ("rows", "num_warps", "programs_per_sm"):
+        parser.add_argument(f"--{axis.replace('_', '-')}", type=int, nargs="+", help=f"sweep only these {axis}")
+    parser.add_argument("--loads", nargs="+", help="sweep only these loads: prefetch, or a number of stages")
     args = parser.parse_args()
+    for grid in GRID.values():
+        for axis in grid:
+            if getattr(args, axis):
+                grid[axis] = tuple(v if v == "prefetch" else int(v) for v in getattr(args, axis))
     require_cuda("tuning the fused kernel")
     copy = bench.copy_bandwidth()["gbps"]
     print(f"copy bandwidth {copy:,.0f} GB/s")

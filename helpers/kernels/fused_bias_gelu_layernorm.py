@@ -16,10 +16,12 @@ GELU variants (``gelu=``): ``"erf"`` the exact definition through the library ``
 ``"erf_fast"`` the same function with ``erf`` replaced by Abramowitz & Stegun 7.1.26 (one
 reciprocal, one exp2, five FMAs; absolute error of GELU below 1e-6, far under bf16/fp16 rounding:
 see the tests and notebook 04); ``"erf_exp2"`` the same promise for fewer instructions: Phi(-|v|) as one
-exp2 of a degree-6 polynomial (no reciprocal; see :func:`_phi_neg_abs`); ``"tanh"`` PyTorch's
-``approximate="tanh"``; ``"none"`` skips GELU (for ablations). ``"auto"`` = ``erf_exp2`` for 16-bit
-storage (the fastest of the three on the H200, where these kernels are bound by instructions),
-``erf`` for fp32.
+exp2 of a degree-5 polynomial (no reciprocal; see :func:`_phi_neg_abs`); ``"erf_fp32"`` exact GELU to fp32
+accuracy (within ``FP32_GELU_ABS * max(1, |GELU|)``, as the library ``erf`` is) for about a third of the library's
+instructions: Phi(-|v|) from Numerical Recipes' erfc (one reciprocal, one exp2, nine FMAs; see
+:func:`_phi_neg_abs_fp32`); ``"tanh"`` PyTorch's ``approximate="tanh"``; ``"none"`` skips GELU (for ablations).
+``"auto"`` = ``erf_exp2`` for 16-bit storage and ``erf_fp32`` for fp32 (the fastest exact forms for each on the
+H200, where these kernels are bound by instructions).
 """
 from __future__ import annotations
 
@@ -33,8 +35,8 @@ import triton.language as tl
 from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernels are defined
 from . import check_powers_of_two, check_triton_device
 
-GELU_MODES = {"none": 0, "erf": 1, "erf_fast": 2, "tanh": 3, "erf_exp2": 4}
-AUTO_GELU = {torch.float32: "erf", torch.float16: "erf_exp2", torch.bfloat16: "erf_exp2"}
+GELU_MODES = {"none": 0, "erf": 1, "erf_fast": 2, "tanh": 3, "erf_exp2": 4, "erf_fp32": 5}
+AUTO_GELU = {torch.float32: "erf_fp32", torch.float16: "erf_exp2", torch.bfloat16: "erf_exp2"}
 DTYPES = tuple(AUTO_GELU)
 MAX_N = 1 << 20  # widest row accepted (the chunked path handles any width; this bounds the partial sums' memory)
 MAX_BLOCK_FWD = 16384  # widest row held in registers by one program in the forward
@@ -44,6 +46,9 @@ MAX_BLOCK_BWD = 8192  # ... and in the backward (three fp32 accumulators per ele
 # 2**-9 of it and fp16 by up to 2**-11, so the approximation sits 8x (bf16) and 2x (fp16) under the rounding.
 FAST_GELU_ABS = 2.0**-20
 FAST_GELU_REL = 2.0**-12
+# erf_fp32's promise: |GELU_fp32(v) - GELU(v)| <= FP32_GELU_ABS * max(1, |GELU(v)|), a few fp32 roundings of a value
+# of order one, as close as the library erf's GELU comes (which loses more, relatively, where 1 + erf cancels).
+FP32_GELU_ABS = 2.0**-22
 
 
 # ----------------------------------------------------------------------------------------- GELU
@@ -84,13 +89,27 @@ def _phi_fast(v, FAST: tl.constexpr):
 
 @triton.jit
 def _phi_neg_abs(v):
-    """log2 Phi(-|v|) ~ P(a) - v^2 / (2 ln 2) with a = min(|v|, 5.5), and a. P is a degree-6 minimax fit (Lawson's
-    reweighted least squares, fp32 coefficients) of log2 Phi(-a) + a^2 / (2 ln 2), smooth on [0, 5.5], within
-    4e-5: Phi(-|v|) within a relative 3e-5. Past 5.5 the exponent still falls with v^2: exp2 of it goes to 0."""
+    """log2 Phi(-|v|) ~ P(a) - v^2 / (2 ln 2) with a = min(|v|, 5.5), and a. P is a degree-5 fit (fp32 coefficients)
+    of log2 Phi(-a) + a^2 / (2 ln 2), smooth on [0, 5.5], minimax in the error against the promise's bound
+    (Lawson's reweighted least squares): the GELU it gives stays within a tenth of FAST_GELU_ABS / FAST_GELU_REL.
+    Past 5.5 the exponent still falls with v^2: exp2 of it goes to 0."""
     a = tl.minimum(tl.abs(v), 5.5)
-    p = -1.000036358833313 + a * (-1.1505829095840454 + a * (0.26101693511009216 + a * (
-        -0.0519699826836586 + a * (0.0074882591143250465 + a * (-0.0006609848351217806 + a * 2.6154553779633716e-05)))))
+    p = -1.0000391006469727 + a * (-1.1504335403442383 + a * (0.2601824104785919 + a * (
+        -0.05061868205666542 + a * (0.006598849780857563 + a * -0.0004069868300575763))))
     return p - 0.7213475204444817 * v * v, a
+
+
+@triton.jit
+def _phi_neg_abs_fp32(v, FAST: tl.constexpr):
+    """Phi(-|v|) = erfc(z) / 2 with z = |v| / sqrt 2, to fp32 accuracy, and |v|. Numerical Recipes' erfcc:
+    erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z / 2), P a degree-9 Chebyshev fit (fractional error < 1.2e-7);
+    here in base 2, with log2(e) and the halving folded into P's coefficients."""
+    a = tl.abs(v)
+    t = _rcp(1.0 + 0.35355339059327373 * a, FAST)
+    p = -2.825748218405333 + t * (1.4427292039075317 + t * (0.5397006155284324 + t * (0.1396300565225048 + t * (
+        -0.2687568603388257 + t * (0.40232158165127635 + t * (-1.637753152343414 + t * (2.147474463933521 + t * (
+            -1.1861149450768025 + t * 0.24651729790196045))))))))
+    return t * _exp2(a * a * -0.7213475204444817 + p, FAST), a
 
 
 @triton.jit
@@ -106,6 +125,9 @@ def _gelu(v, GELU: tl.constexpr, FAST: tl.constexpr):
     elif GELU == 4:  # v Phi(v) = max(v, 0) - |v| Phi(-|v|): no select on the sign; a (finite) makes v = +-inf exact
         log2_h, a = _phi_neg_abs(v)
         g = tl.maximum(v, 0.0) - a * _exp2(log2_h, FAST)
+    elif GELU == 5:  # the same form; |v| capped where h is already 0, so that v = -inf gives 0, not inf * 0
+        h, a = _phi_neg_abs_fp32(v, FAST)
+        g = tl.maximum(v, 0.0) - tl.minimum(a, 3.0e38) * h
     else:
         g = v
     return g
@@ -130,6 +152,10 @@ def _gelu_and_grad(v, GELU: tl.constexpr, FAST: tl.constexpr):
         log2_h, a = _phi_neg_abs(v)
         h = _exp2(log2_h, FAST)
         g = tl.maximum(v, 0.0) - a * h
+        dg = tl.where(v >= 0, 1.0 - h, h) + v * 0.3989422804014327 * _exp2(v * v * -0.7213475204444817, FAST)
+    elif GELU == 5:
+        h, a = _phi_neg_abs_fp32(v, FAST)
+        g = tl.maximum(v, 0.0) - tl.minimum(a, 3.0e38) * h
         dg = tl.where(v >= 0, 1.0 - h, h) + v * 0.3989422804014327 * _exp2(v * v * -0.7213475204444817, FAST)
     else:
         g = v
@@ -405,13 +431,14 @@ class Config:
 
 
 # Measured on the H200 by scripts/fused_bias_gelu_layernorm_tune.py (M x N = 64M elements; the forward's at
-# commit 3c86660, for 16 bits and N >= 2048 at 7fb52e1 with erf_exp2; the backward's at 506ef86 and, for
+# commit 3c86660, for 16 bits and N >= 2048 at 7fb52e1 with erf_exp2; on 2026-12-02, after a read-only L2 flush, for
+# 32 bits with erf_fp32 and for bf16 N = 8192 with the degree-5 erf_exp2; the backward's at 506ef86 and, for
 # N = 8192, 9e722a6): (bits per element, block) ->
 # (rows per block, warps, programs per SM, prefetch[, pipeline stages])
 _FORWARD_TABLE = {(16, 1024): (4, 2, 4, False, 4), (16, 2048): (2, 2, 4, False, 3), (16, 4096): (2, 4, 2, False, 3),
-                  (16, 8192): (2, 16, 2, True),
-                  (32, 1024): (1, 2, 8, False, 3), (32, 2048): (2, 4, 8, False, 3), (32, 4096): (1, 4, 2, False, 4),
-                  (32, 8192): (1, 16, 1, True)}
+                  (16, 8192): (2, 16, 1, True),
+                  (32, 1024): (1, 2, 4, False, 4), (32, 2048): (2, 4, 2, False, 3), (32, 4096): (1, 16, 4, True),
+                  (32, 8192): (1, 16, 1, False, 4)}
 _BACKWARD_TABLE = {(16, 1024): (4, 4, 2), (16, 2048): (2, 4, 2), (16, 4096): (2, 16, 1), (16, 8192): (1, 16, 1, False),
                    (32, 1024): (4, 4, 2), (32, 2048): (1, 8, 2), (32, 4096): (1, 16, 1), (32, 8192): (1, 16, 1, False)}
 
