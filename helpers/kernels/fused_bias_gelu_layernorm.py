@@ -17,9 +17,9 @@ GELU variants (``gelu=``): ``"erf"`` the exact definition through the library ``
 reciprocal, one exp2, five FMAs; absolute error of GELU below 1e-6, far under bf16/fp16 rounding:
 see the tests and notebook 04); ``"erf_exp2"`` the same promise for fewer instructions: Phi(-|v|) as one
 exp2 of a degree-5 polynomial (no reciprocal; see :func:`_phi_neg_abs`); ``"erf_fp32"`` exact GELU to fp32
-accuracy (within ``FP32_GELU_ABS * max(1, |GELU|)``, as the library ``erf`` is) for about a third of the library's
-instructions: Phi(-|v|) from Numerical Recipes' erfc (one reciprocal, one exp2, nine FMAs; see
-:func:`_phi_neg_abs_fp32`); ``"tanh"`` PyTorch's ``approximate="tanh"``; ``"none"`` skips GELU (for ablations).
+accuracy (within ``FP32_GELU_ABS * max(1, |GELU|)``, as the library ``erf`` is) for 13-14 fewer instructions an
+element (scripts/fused_kernel_instructions.py): Phi(-|v|) from Numerical Recipes' erfc (one reciprocal, one exp2,
+nine FMAs; see :func:`_phi_neg_abs_fp32`); ``"tanh"`` PyTorch's ``approximate="tanh"``; ``"none"`` skips GELU (for ablations).
 ``"auto"`` = ``erf_exp2`` for 16-bit storage and ``erf_fp32`` for fp32 (the fastest exact forms for each on the
 H200, where these kernels are bound by instructions).
 """
