@@ -128,15 +128,15 @@ def test_fast_gelu_error_below_storage_rounding(gelu):
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter squares 1e30 in numpy
 def test_erf_exp2_gelu_margin_and_special_values():
-    """erf_exp2 keeps a wide margin under the promise (its fit stays within a tenth of it), and is exact where
-    GELU's limits are: GELU(+inf) = inf, GELU(-inf) = 0, NaN stays NaN."""
+    """erf_exp2 keeps a wide margin under the promise (its fit stays within a tenth of it; checked at an eighth),
+    and is exact where GELU's limits are: GELU(+inf) = inf, GELU(-inf) = 0, NaN stays NaN."""
     v = torch.cat([torch.linspace(-12, 12, 4096 * 16, dtype=torch.float64).float(),
                    torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0, -0.0, 1e30, -1e30] + [0.0] * 4089)])
     g, _, _ = K.forward(v.view(-1, 4096).to(DEV), torch.zeros(4096, device=DEV), gelu="erf_exp2", layernorm=False)
     g = g.double().cpu().flatten()
     dense, special = g[:4096 * 16], g[4096 * 16:4096 * 16 + 7].tolist()
     exact = F.gelu(v[:4096 * 16].double())
-    assert ((dense - exact).abs() <= 0.25 * torch.clamp(K.FAST_GELU_REL * exact.abs(), min=K.FAST_GELU_ABS)).all()
+    assert ((dense - exact).abs() <= 0.125 * torch.clamp(K.FAST_GELU_REL * exact.abs(), min=K.FAST_GELU_ABS)).all()
     assert special[0] == float("inf") and special[1] == 0.0 and math.isnan(special[2])
     assert special[3:] == [0.0, 0.0, pytest.approx(1e30), 0.0]
 
@@ -165,8 +165,6 @@ def test_fp32_gelu_within_a_few_fp32_roundings():
             tail = g[dense.numel():dense.numel() + 7].tolist()
             assert tail[0] == float("inf") and tail[1] == 0.0 and math.isnan(tail[2])
             assert tail[3:] == [0.0, 0.0, pytest.approx(1e30), 0.0]
-    # and the promise is a few fp32 roundings: fp32 rounds a value by up to 2**-24 of it
-    assert K.FP32_GELU_ABS <= 2.0**-24 * 4
 
 
 # ------------------------------------------------------------------------------------ backward
