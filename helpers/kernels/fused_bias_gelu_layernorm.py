@@ -19,7 +19,8 @@ see the tests and notebook 04); ``"erf_exp2"`` the same promise for fewer instru
 exp2 of a degree-5 polynomial (no reciprocal; see :func:`_phi_neg_abs`); ``"erf_fp32"`` exact GELU to fp32
 accuracy (within ``FP32_GELU_ABS * max(1, |GELU|)``, as the library ``erf`` is) for 13-14 fewer instructions an
 element (scripts/fused_kernel_instructions.py): Phi(-|v|) from Numerical Recipes' erfc (one reciprocal, one exp2,
-nine FMAs; see :func:`_phi_neg_abs_fp32`); ``"tanh"`` PyTorch's ``approximate="tanh"``; ``"none"`` skips GELU (for ablations).
+a degree-9 polynomial; see :func:`_phi_neg_abs_fp32`); ``"tanh"`` PyTorch's ``approximate="tanh"``; ``"none"``
+skips GELU (for ablations).
 ``"auto"`` = ``erf_exp2`` for 16-bit storage and ``erf_fp32`` for fp32 (the fastest exact forms for each on the
 H200, where these kernels are bound by instructions).
 """
