@@ -109,14 +109,19 @@ def test_forward_without_layernorm_is_bias_plus_gelu(gelu, approximate, poisoned
     assert rel_err(y, h if approximate is None else F.gelu(h)) < (1e-5 if gelu == "erf_exp2" else 1e-6)
 
 
+def _dense_sweep(with_bf16: bool = False) -> torch.Tensor:
+    """Every fp32 step of 2**-15 in [-12, 12] (and every bf16 value in that range), padded to rows of 4096."""
+    v = torch.arange(-12 * 2**15, 12 * 2**15 + 1, dtype=torch.float64) / 2**15
+    if with_bf16:
+        bf16 = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).double()
+        v = torch.cat([v, bf16[torch.isfinite(bf16) & (bf16.abs() <= 12)]])
+    return torch.cat([v, torch.zeros((-v.numel()) % 4096, dtype=torch.float64)]).float()
+
+
 @pytest.mark.parametrize("gelu", ["erf_fast", "erf_exp2"])
 def test_fast_gelu_error_below_storage_rounding(gelu):
     """Dense sweep: every fp32 step of 2**-15 in [-12, 12] and every bf16 value in that range."""
-    grid = torch.arange(-12 * 2**15, 12 * 2**15 + 1, dtype=torch.float64) / 2**15
-    bf16 = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).double()
-    bf16 = bf16[torch.isfinite(bf16) & (bf16.abs() <= 12)]
-    v = torch.cat([grid, bf16])
-    v = torch.cat([v, torch.zeros((-v.numel()) % 4096, dtype=torch.float64)]).float()
+    v = _dense_sweep(with_bf16=True)
     g, _, _ = K.forward(v.view(-1, 4096).to(DEV), torch.zeros(4096, device=DEV), gelu=gelu, layernorm=False)
     exact = F.gelu(v.double())
     err = (g.double().cpu().flatten() - exact).abs()
@@ -139,12 +144,6 @@ def test_erf_exp2_gelu_margin_and_special_values():
     assert ((dense - exact).abs() <= 0.125 * torch.clamp(K.FAST_GELU_REL * exact.abs(), min=K.FAST_GELU_ABS)).all()
     assert special[0] == float("inf") and special[1] == 0.0 and math.isnan(special[2])
     assert special[3:] == [0.0, 0.0, pytest.approx(1e30), 0.0]
-
-
-def _dense_sweep() -> torch.Tensor:
-    """Every fp32 step of 2**-15 in [-12, 12], padded to rows of 4096."""
-    v = torch.arange(-12 * 2**15, 12 * 2**15 + 1, dtype=torch.float64) / 2**15
-    return torch.cat([v, torch.zeros((-v.numel()) % 4096, dtype=torch.float64)]).float()
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
