@@ -16,3 +16,13 @@ def poisoned(monkeypatch):
 
     monkeypatch.setattr(torch, "empty", lambda *a, **k: nan(empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: nan(empty_like(*a, **k)))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` are skipped on a machine without CUDA (``pytest -m gpu`` runs them on a GPU)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="marked gpu: needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)

@@ -76,6 +76,7 @@ from . import check_powers_of_two
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_M = 64  # rows of x one launch handles (the tensor-core path pads M to 16, 32 or 64)
 MAX_SPLIT = 4  # K is split at most 4 ways
+INTERPRETER_BLOCK_N = 128  # config_for's widest tile in Triton's interpreter (the GPU's table: 16 or 64)
 DOT_FP32 = _device.INTERPRET  # the interpreter's tl.dot mishandles bf16 operands: give it their fp32 values
 
 
@@ -339,9 +340,12 @@ def _nf4_matmul_kernel(X, GATE, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, O
     g_rows = GATE + rm.to(tl.int64)[:, None] * stride_xm  # the gate has x's strides
     if NESTED:
         offset = tl.load(OFFSET)
-    planes = (_plane(CODE, 0, 0, PLANES), _plane(CODE, 4, 0, PLANES), _plane(CODE, 8, 0, PLANES),
-              _plane(CODE, 12, 0, PLANES), _plane(CODE, 0, 1, PLANES), _plane(CODE, 4, 1, PLANES),
-              _plane(CODE, 8, 1, PLANES), _plane(CODE, 12, 1, PLANES))
+    if ASM:  # the table as byte planes for the PTX
+        planes = (_plane(CODE, 0, 0, PLANES), _plane(CODE, 4, 0, PLANES), _plane(CODE, 8, 0, PLANES),
+                  _plane(CODE, 12, 0, PLANES), _plane(CODE, 0, 1, PLANES), _plane(CODE, 4, 1, PLANES),
+                  _plane(CODE, 8, 1, PLANES), _plane(CODE, 12, 1, PLANES))
+    else:  # the lookup path reads the table itself: placeholders
+        planes = (pid_n, pid_n, pid_n, pid_n, pid_n, pid_n, pid_n, pid_n)
     r2 = tl.arange(0, 2)
     # one row of x in the order of _join8's values: [G * WPB, 2, 2, 2] -> element 4c + 2d + e of a word
     x_cols = ((rv * 8)[:, None, None, None] + (4 * r2)[None, :, None, None] + (2 * r2)[None, None, :, None]
@@ -462,12 +466,15 @@ def _block_m(m: int, dtype: torch.dtype) -> int:
 def config_for(m: int, n: int, k: int, blocksize: int = 64, dtype: torch.dtype = torch.bfloat16) -> Config:
     """The default launch shape for M rows of x (``dtype``) against an (N, K) weight: the table above, ``block_k``
     cut to K (rounded up to a power of two) and at least ``blocksize``, and K split (up to ``MAX_SPLIT``
-    ways) while the grid has fewer programs than the table's minimum and each slice keeps two chunks."""
+    ways) while the grid has fewer programs than the table's minimum and each slice keeps two chunks.
+    In the interpreter ``block_n`` then widens to ``INTERPRETER_BLOCK_N`` (fewer programs to simulate)."""
     block_n, block_k, warps, prefetch, min_programs = _TABLE[_block_m(max(1, min(m, MAX_M)), dtype)]
     block_k = max(min(block_k, triton.next_power_of_2(k)), blocksize)
     split, programs, chunks = 1, triton.cdiv(n, block_n), triton.cdiv(k, block_k)
     while programs * split < min_programs and split < MAX_SPLIT and chunks >= 4 * split:
         split *= 2
+    if _device.INTERPRET:  # the interpreter's cost is per program: wider tiles, the GPU's K split kept
+        block_n = max(block_n, INTERPRETER_BLOCK_N)  # one width for every N: the same sums, grouped or not
     return Config(block_n, block_k, warps, split, prefetch=prefetch)
 
 
