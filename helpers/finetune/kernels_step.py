@@ -161,7 +161,7 @@ def category(kernel: str) -> str:
     return "other"
 
 
-def _by_category(rows: list[dict]) -> dict[str, float]:
+def by_category(rows: list[dict]) -> dict[str, float]:
     """Milliseconds per kernel category of ``bench.profile_kernels``' rows (per repetition)."""
     out: dict[str, float] = {}
     for r in rows:
@@ -203,7 +203,7 @@ def _pacing_parts(step, batches: list[dict]) -> dict[str, float]:
     """Milliseconds per kernel category of one training step, the mean over ``batches[1:]`` under the
     profiler (``batches[0]`` warms up outside it)."""
     todo = iter(batches)
-    return _by_category(profile_kernels(lambda: step(next(todo)), reps=len(batches) - 1))
+    return by_category(profile_kernels(lambda: step(next(todo)), reps=len(batches) - 1))
 
 
 def _pacing_record(model_name: str, variant: str, batch_size: int, steps: int, walls: list[float],
