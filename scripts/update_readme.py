@@ -280,7 +280,20 @@ def render(gpu: str = "h200") -> str:
             continue
         lines += [f"| {what} | {value} | {ref} | {nb} |" for what, value, ref in rows(res)]
         sources.append(f"- `{topic}.json`: {res.describe()}")
-    return "\n".join(lines + ["", "Provenance:", *sources])
+    return "\n".join(lines + ["", "Provenance:", *sources] + _gpu_tests(gpu))
+
+
+def _gpu_tests(gpu: str) -> list[str]:
+    """When the tests that only a GPU can run (``scripts/gpu_tests.py``) last ran, and what they gave."""
+    res = _load("gpu_tests", gpu)
+    if res is None:
+        return []
+    counts: dict[str, int] = {}
+    for r in res.records:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    outcomes = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+    return ["", f"The tests only a GPU can run (`python scripts/gpu_tests.py`, i.e. `pytest -m gpu`) last ran on "
+            f"{res.provenance['timestamp'][:10]}: {outcomes}; `gpu_tests.json`: {res.describe()}."]
 
 
 def main() -> None:
