@@ -28,7 +28,8 @@ def randn(*shape, dtype=torch.float32, seed=1):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEV, dtype)
 
 
-# (N, K, blocksize): packed bytes below, at and beyond one program's 1,024, N and K off any power of two
+# (N, K, blocksize): packed bytes below and beyond one program's 1,024 (16,384 in the interpreter), N and K off
+# any power of two
 SHAPES = [(1, 64, 64), (37, 192, 64), (130, 320, 64), (33, 4096, 128), (19, 448, 32)]
 
 
@@ -82,3 +83,12 @@ def test_bad_input_is_refused_with_a_clear_error():
         nf4_dequantize(quantize(37, 192))
     with pytest.raises(TypeError, match="dtype must be one of"):
         nf4_dequantize(ops, torch.int8)
+
+
+@pytest.mark.parametrize("block_bytes", [16, 1024])
+def test_every_program_width_decodes_the_same(block_bytes):
+    """Narrow programs (many of them, the last one partial) give the default launch's weights exactly."""
+    ops = nf4_operands(quantize(37, 320))
+    assert torch.equal(nf4_dequantize(ops, torch.float32, block_bytes), nf4_dequantize(ops, torch.float32))
+    with pytest.raises(ValueError, match="power of two"):
+        nf4_dequantize(ops, torch.float32, 1000)

@@ -28,6 +28,7 @@ from .nf4_gemv import NF4Operands, _round_to_bf16
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_BYTES = 1024  # packed bytes (2048 weights) a program
+INTERPRETER_BLOCK_BYTES = 16384  # Triton's interpreter pays per program and operation, hardly per byte
 
 
 @triton.jit
@@ -57,23 +58,27 @@ def _nf4_dequantize_kernel(PACKED, CODE, ABSMAX, NESTED_ABSMAX, NESTED_CODE, OFF
     tl.store(OUT + i, w.to(OUT.dtype.element_ty), mask=i < 2 * n_bytes)
 
 
-def nf4_dequantize(ops: NF4Operands, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def nf4_dequantize(ops: NF4Operands, dtype: torch.dtype = torch.bfloat16, block_bytes: int | None = None) -> torch.Tensor:
     """The dense (N, K) weight of :func:`helpers.kernels.nf4_gemv.nf4_operands`' result, in ``dtype``
-    (fp16, bf16 or fp32), from one kernel launch."""
+    (fp16, bf16 or fp32), from one kernel launch; ``block_bytes``: packed bytes a program decodes (a power
+    of two; ``BLOCK_BYTES`` on a GPU, ``INTERPRETER_BLOCK_BYTES`` in the interpreter by default)."""
     if not isinstance(ops, NF4Operands):
         raise TypeError(f"ops must be nf4_gemv.nf4_operands(weight)'s result, got {type(ops).__name__}")
     if dtype not in DTYPES:
         raise TypeError(f"dtype must be one of {[str(d) for d in DTYPES]}, got {dtype}")
+    block = block_bytes or (INTERPRETER_BLOCK_BYTES if _device.INTERPRET else BLOCK_BYTES)
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"block_bytes must be a power of two >= 16, got {block_bytes}")
     check_triton_device(ops.packed.device, "the weight")
     out = torch.empty(ops.n, ops.k, dtype=dtype, device=ops.packed.device)
     n_bytes = ops.packed.numel()
     if n_bytes == 0:
         return out
     nested = ops.nested_absmax is not None
-    _nf4_dequantize_kernel[(triton.cdiv(n_bytes, BLOCK_BYTES),)](
+    _nf4_dequantize_kernel[(triton.cdiv(n_bytes, block),)](
         ops.packed, ops.code, ops.absmax, ops.nested_absmax if nested else ops.absmax,
         ops.nested_code if nested else ops.code, ops.offset if nested else ops.code, out, n_bytes,
-        QB=ops.blocksize, NESTED_QB=ops.nested_blocksize, NESTED=nested, BLOCK=BLOCK_BYTES,
+        QB=ops.blocksize, NESTED_QB=ops.nested_blocksize, NESTED=nested, BLOCK=block,
         ROUND_BF16=_device.INTERPRET and dtype == torch.bfloat16, num_warps=4)
     return out
 
