@@ -348,11 +348,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     """
     _check_inputs(q, k, v, causal)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    q, k, v = (t if _is_dense(t) else t.contiguous() for t in (q, k, v))
+    q, k, v = (t if is_dense(t) else t.contiguous() for t in (q, k, v))
     return FlashAttentionFunction.apply(q, k, v, bool(causal), scale)
 
 
-def _is_dense(t: torch.Tensor) -> bool:
+def is_dense(t: torch.Tensor) -> bool:
     """True if ``t`` fills its storage without gaps or overlaps (any order of dimensions), so that
     ``torch.empty_like(t)`` has ``t``'s strides: the backward writes dQ, dK, dV with those strides.
     A slice of a packed QKV tensor is not dense."""

@@ -35,6 +35,7 @@ import triton.language as tl
 
 from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernels are defined
 from . import check_powers_of_two, check_triton_device
+from .rowwise import sm_count, sum_partials_kernel, tile_mask
 
 GELU_MODES = {"none": 0, "erf": 1, "erf_fast": 2, "tanh": 3, "erf_exp2": 4, "erf_fp32": 5}
 AUTO_GELU = {torch.float32: "erf_fp32", torch.float16: "erf_exp2", torch.bfloat16: "erf_exp2"}
@@ -166,16 +167,6 @@ def _gelu_and_grad(v, GELU: tl.constexpr, FAST: tl.constexpr):
 
 # -------------------------------------------------------------------------------------- forward
 @triton.jit
-def _mask(rows, cols, M, N, EVEN_N: tl.constexpr):
-    """In-bounds elements of a [ROWS, BLOCK_N] tile; without a column test when the block is the row."""
-    if EVEN_N:
-        m = (rows < M)[:, None] & tl.full([cols.shape[0]], 1, tl.int1)[None, :]
-    else:
-        m = (rows < M)[:, None] & (cols < N)[None, :]
-    return m
-
-
-@triton.jit
 def _forward_kernel(X, B, W, LB, Y, MEAN, RSTD, M, N, eps,
                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, GELU: tl.constexpr,
                     LAYERNORM: tl.constexpr, HAS_W: tl.constexpr, HAS_LB: tl.constexpr, EVEN_N: tl.constexpr,
@@ -197,17 +188,17 @@ def _forward_kernel(X, B, W, LB, Y, MEAN, RSTD, M, N, eps,
         if PREFETCH:  # the next row block is loaded while this one is computed (more bytes in flight)
             rows = pid * ROWS + tl.arange(0, ROWS)
             x_next = tl.load(X + rows.to(tl.int64)[:, None] * N + cols[None, :],
-                             mask=_mask(rows, cols, M, N, EVEN_N), other=0.0)
+                             mask=tile_mask(rows, cols, M, N, EVEN_N), other=0.0)
         for blk in tl.range(pid, n_blocks, n_prog, num_stages=STAGES):
             rows = blk * ROWS + tl.arange(0, ROWS)
             row_ok = rows < M
             offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-            mask = _mask(rows, cols, M, N, EVEN_N)
+            mask = tile_mask(rows, cols, M, N, EVEN_N)
             if PREFETCH:
                 x = x_next.to(tl.float32)
                 nxt = rows + n_prog * ROWS
                 x_next = tl.load(X + nxt.to(tl.int64)[:, None] * N + cols[None, :],
-                                 mask=_mask(nxt, cols, M, N, EVEN_N), other=0.0)
+                                 mask=tile_mask(nxt, cols, M, N, EVEN_N), other=0.0)
             else:
                 x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
             y = _gelu(x + b[None, :], GELU, FAST)  # 0 in masked lanes: GELU(0) = 0
@@ -295,20 +286,20 @@ def _backward_kernel(X, B, W, DY, MEAN, RSTD, DX, PART, M, N,
         if PREFETCH:
             rows = pid * ROWS + tl.arange(0, ROWS)
             offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-            mask = _mask(rows, cols, M, N, EVEN_N)
+            mask = tile_mask(rows, cols, M, N, EVEN_N)
             x_next = tl.load(X + offs, mask=mask, other=0.0)
             dy_next = tl.load(DY + offs, mask=mask, other=0.0)
         for blk in range(pid, n_blocks, n_prog):
             rows = blk * ROWS + tl.arange(0, ROWS)
             row_ok = rows < M
-            mask = _mask(rows, cols, M, N, EVEN_N)
+            mask = tile_mask(rows, cols, M, N, EVEN_N)
             offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
             if PREFETCH:
                 x = x_next.to(tl.float32)
                 dy = dy_next.to(tl.float32)
                 nxt = rows + n_prog * ROWS
                 n_offs = nxt.to(tl.int64)[:, None] * N + cols[None, :]
-                n_mask = _mask(nxt, cols, M, N, EVEN_N)
+                n_mask = tile_mask(nxt, cols, M, N, EVEN_N)
                 x_next = tl.load(X + n_offs, mask=n_mask, other=0.0)
                 dy_next = tl.load(DY + n_offs, mask=n_mask, other=0.0)
             else:
@@ -375,27 +366,6 @@ def _backward_kernel(X, B, W, DY, MEAN, RSTD, DX, PART, M, N,
                 tl.store(part_b + c, tl.load(part_b + c, mask=c_ok) + tl.sum(dv, axis=0), mask=c_ok)
 
 
-@triton.jit
-def _sum_partials_kernel(PART, OUT_B, OUT_W, OUT_LB, P, N, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    """OUT_k[c] = sum over p of PART[k, p, c], always in the same order (deterministic)."""
-    k = tl.program_id(1)
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < N
-    base = PART + k.to(tl.int64) * P * N
-    acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
-    for start in range(0, P, BLOCK_P):
-        p = start + tl.arange(0, BLOCK_P)
-        mask = (p < P)[:, None] & col_ok[None, :]
-        acc += tl.load(base + p.to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0.0)
-    total = tl.sum(acc, axis=0)
-    if k == 0:
-        tl.store(OUT_B + cols, total.to(OUT_B.dtype.element_ty), mask=col_ok)
-    elif k == 1:
-        tl.store(OUT_W + cols, total.to(OUT_W.dtype.element_ty), mask=col_ok)
-    else:
-        tl.store(OUT_LB + cols, total.to(OUT_LB.dtype.element_ty), mask=col_ok)
-
-
 # ------------------------------------------------------------------------------ launch settings
 @dataclass(frozen=True)
 class Config:
@@ -424,7 +394,7 @@ class Config:
     def programs(self, m: int, device: torch.device) -> int:
         """Programs in the grid for ``m`` rows on ``device``."""
         blocks = max(1, triton.cdiv(m, self.rows))
-        return min(blocks, self.programs_per_sm * _sm_count(device))
+        return min(blocks, self.programs_per_sm * sm_count(device))
 
     def prefetches(self, m: int, device: torch.device) -> bool:
         """Whether the launch prefetches (only worth it when a program has more than one row block)."""
@@ -466,13 +436,6 @@ def backward_config(n: int, dtype: torch.dtype) -> Config:
         return Config(block, *_BACKWARD_TABLE[bits, block])
     rows = max(1, min(8, 2048 // block))
     return Config(block, rows, max(4, min(16, block * rows // 256)), programs_per_sm=2)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter: a few programs, so that each one loops over several row blocks
 
 
 # -------------------------------------------------------------------------------- input checks
@@ -578,8 +541,8 @@ def backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, weight: torc
         BLOCK_N=cfg.block_n, ROWS=cfg.rows, SINGLE=single, GELU=mode, HAS_W=weight is not None,
         EVEN_N=cfg.block_n == n, FAST=FAST_ASM, PREFETCH=cfg.prefetches(m, x.device), num_warps=cfg.num_warps)
     block_c = min(256, triton.next_power_of_2(n))
-    _sum_partials_kernel[(triton.cdiv(n, block_c), 3)](part, *grads, programs, n, BLOCK_P=32, BLOCK_C=block_c,
-                                                       num_warps=4)
+    sum_partials_kernel[(triton.cdiv(n, block_c), 3)](part, *grads, programs, n, BLOCK_P=32, BLOCK_C=block_c,
+                                                      num_warps=4)
     return dx, *grads
 
 
