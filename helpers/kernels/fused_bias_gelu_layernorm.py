@@ -37,7 +37,16 @@ from .. import device as _device  # imported first: sets TRITON_INTERPRET before
 from . import check_powers_of_two, check_triton_device
 from .rowwise import sm_count, sum_partials_kernel, tile_mask
 
-GELU_MODES = {"none": 0, "erf": 1, "erf_fast": 2, "tanh": 3, "erf_exp2": 4, "erf_fp32": 5}
+# The GELU variants as the kernels' GELU argument names them (tl.constexpr: the only globals a @triton.jit
+# function may read); GELU_MODES maps ``gelu=`` to them.
+GELU_NONE = tl.constexpr(0)
+GELU_ERF = tl.constexpr(1)
+GELU_ERF_FAST = tl.constexpr(2)
+GELU_TANH = tl.constexpr(3)
+GELU_ERF_EXP2 = tl.constexpr(4)
+GELU_ERF_FP32 = tl.constexpr(5)
+GELU_MODES = {"none": GELU_NONE.value, "erf": GELU_ERF.value, "erf_fast": GELU_ERF_FAST.value,
+              "tanh": GELU_TANH.value, "erf_exp2": GELU_ERF_EXP2.value, "erf_fp32": GELU_ERF_FP32.value}
 AUTO_GELU = {torch.float32: "erf_fp32", torch.float16: "erf_exp2", torch.bfloat16: "erf_exp2"}
 DTYPES = tuple(AUTO_GELU)
 MAX_N = 1 << 20  # widest row accepted (the chunked path handles any width; this bounds the partial sums' memory)
@@ -117,20 +126,22 @@ def _phi_neg_abs_fp32(v, FAST: tl.constexpr):
 @triton.jit
 def _gelu(v, GELU: tl.constexpr, FAST: tl.constexpr):
     """GELU(v) in fp32; GELU selects the variant (see GELU_MODES)."""
-    if GELU == 1:
+    if GELU == GELU_ERF:
         g = 0.5 * v * (1.0 + tl.erf(v * 0.7071067811865476))
-    elif GELU == 2:
+    elif GELU == GELU_ERF_FAST:
         phi, _ = _phi_fast(v, FAST)
         g = v * phi
-    elif GELU == 3:
+    elif GELU == GELU_TANH:
         g = v * _rcp(1.0 + _exp2(-v * (2.302208198144325 + 0.1029432395800235 * v * v), FAST), FAST)
-    elif GELU == 4:  # v Phi(v) = max(v, 0) - |v| Phi(-|v|): no select on the sign; a (finite) makes v = +-inf exact
+    elif GELU == GELU_ERF_EXP2:
+        # v Phi(v) = max(v, 0) - |v| Phi(-|v|): no select on the sign; a (finite) makes v = +-inf exact
         log2_h, a = _phi_neg_abs(v)
         g = tl.maximum(v, 0.0) - a * _exp2(log2_h, FAST)
-    elif GELU == 5:  # the same form; |v| capped where h is already 0, so that v = -inf gives 0, not inf * 0
+    elif GELU == GELU_ERF_FP32:
+        # the same form; |v| capped where h is already 0, so that v = -inf gives 0, not inf * 0
         h, a = _phi_neg_abs_fp32(v, FAST)
         g = tl.maximum(v, 0.0) - tl.minimum(a, 3.0e38) * h
-    else:
+    else:  # GELU_NONE
         g = v
     return g
 
@@ -138,28 +149,28 @@ def _gelu(v, GELU: tl.constexpr, FAST: tl.constexpr):
 @triton.jit
 def _gelu_and_grad(v, GELU: tl.constexpr, FAST: tl.constexpr):
     """GELU(v) and its derivative dGELU/dv, in fp32."""
-    if GELU == 1:
+    if GELU == GELU_ERF:
         phi = 0.5 * (1.0 + tl.erf(v * 0.7071067811865476))
         g = v * phi
         dg = phi + v * 0.3989422804014327 * tl.exp2(v * v * -0.7213475204444817)
-    elif GELU == 2:
+    elif GELU == GELU_ERF_FAST:
         phi, e = _phi_fast(v, FAST)
         g = v * phi
         dg = phi + v * 0.3989422804014327 * e
-    elif GELU == 3:
+    elif GELU == GELU_TANH:
         s = _rcp(1.0 + _exp2(-v * (2.302208198144325 + 0.1029432395800235 * v * v), FAST), FAST)
         g = v * s
         dg = s + v * s * (1.0 - s) * (0.6931471805599453 * (2.302208198144325 + 0.3088297187400705 * v * v))
-    elif GELU == 4:
+    elif GELU == GELU_ERF_EXP2:
         log2_h, a = _phi_neg_abs(v)
         h = _exp2(log2_h, FAST)
         g = tl.maximum(v, 0.0) - a * h
         dg = tl.where(v >= 0, 1.0 - h, h) + v * 0.3989422804014327 * _exp2(v * v * -0.7213475204444817, FAST)
-    elif GELU == 5:
+    elif GELU == GELU_ERF_FP32:
         h, a = _phi_neg_abs_fp32(v, FAST)
         g = tl.maximum(v, 0.0) - tl.minimum(a, 3.0e38) * h
         dg = tl.where(v >= 0, 1.0 - h, h) + v * 0.3989422804014327 * _exp2(v * v * -0.7213475204444817, FAST)
-    else:
+    else:  # GELU_NONE
         g = v
         dg = tl.full(v.shape, 1.0, tl.float32)
     return g, dg
