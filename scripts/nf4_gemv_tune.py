@@ -24,7 +24,7 @@ import triton  # noqa: E402
 from helpers.decode_bench import LLAMA_7B_SHAPES, nf4_gemv_bytes, nf4_weights  # noqa: E402
 from helpers.kernels.nf4_gemv import Config, config_for, nf4_matmul, nf4_operands  # noqa: E402
 
-# one pipeline stage only: three stages were never among the fastest on the H200 (commits 50d98ec, 40fe7c8);
+# one pipeline stage only: three stages were never among the fastest on the H200 in earlier sweeps;
 # long K tiles without a split save the partial sums' second kernel
 GRID = {1: {"block_n": (16, 32, 64), "block_k": (256, 1024, 2048), "num_warps": (2, 4, 8), "split_k": (1, 2, 4),
             "num_stages": (1,), "prefetch": (True,)},

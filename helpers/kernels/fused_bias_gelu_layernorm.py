@@ -412,10 +412,9 @@ class Config:
         return self.prefetch and self.programs(m, device) < triton.cdiv(m, self.rows)
 
 
-# Measured on the H200 by scripts/fused_bias_gelu_layernorm_tune.py (M x N = 64M elements; the forward's at
-# commit 3c86660, for 16 bits and N >= 2048 at 7fb52e1 with erf_exp2; on 2026-12-02, after a read-only L2 flush, for
-# 32 bits with erf_fp32 and for bf16 N = 8192 with the degree-5 erf_exp2; the backward's at 506ef86 and, for
-# N = 8192, 9e722a6): (bits per element, block) ->
+# Measured on the H200 by scripts/fused_bias_gelu_layernorm_tune.py (M x N = 64M elements; the forward's 16-bit
+# entries for N >= 2048 with erf_exp2, its 32-bit entries with erf_fp32 and bf16 N = 8192 with the degree-5 erf_exp2,
+# those two after a read-only L2 flush): (bits per element, block) ->
 # (rows per block, warps, programs per SM, prefetch[, pipeline stages])
 _FORWARD_TABLE = {(16, 1024): (4, 2, 4, False, 4), (16, 2048): (2, 2, 4, False, 3), (16, 4096): (2, 4, 2, False, 3),
                   (16, 8192): (2, 16, 1, True),
