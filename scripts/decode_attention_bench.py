@@ -30,8 +30,9 @@ def main() -> None:
             live = torch.arange(max_len, device="cuda") <= pos
             mask = torch.where(live, 0.0, float("-inf")).to(torch.bfloat16)[None, None, None, :]
             ref = F.scaled_dot_product_attention(q, kc[0], vc[0], attn_mask=mask).float()
-            us = {"sdpa": bench.time_in_graph([lambda i=i: F.scaled_dot_product_attention(q, kc[i], vc[i], attn_mask=mask)
-                                               for i in range(LAYERS)]).ms * 1e3}
+            us = {"sdpa": bench.time_in_graph(
+                [lambda i=i: F.scaled_dot_product_attention(q, kc[i], vc[i], attn_mask=mask) for i in range(LAYERS)]
+            ).ms * 1e3}
             for s in (*SPLITS, None):
                 error = float((decode_attention(q, kc[0], vc[0], pos, s).float() - ref).norm() / ref.norm())
                 if error > 2e-2:

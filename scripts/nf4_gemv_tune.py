@@ -42,7 +42,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=4)
     fields = ("block_n", "block_k", "num_warps", "split_k")  # the grid's axes the command line may set
     for field in fields:
-        parser.add_argument(f"--{field.replace('_', '-')}", type=int, nargs="+", help=f"{field} values (default: GRID's)")
+        parser.add_argument(f"--{field.replace('_', '-')}", type=int, nargs="+",
+                            help=f"{field} values (default: GRID's)")
     args = parser.parse_args()
     for rows in args.rows:  # the command line narrows or widens the grid
         GRID[rows].update({f: tuple(v) for f in fields if (v := getattr(args, f)) is not None})
@@ -90,7 +91,8 @@ def main() -> None:
         print(f"\n{rows} row(s): one tile for every shape (its best split on each), worst slowdown against each "
               "shape's fastest:")
         for tile, worst in sorted(slowdown.items(), key=lambda kv: kv[1])[:args.top]:
-            print(f"  (block_n, block_k, num_warps, num_stages, prefetch) = {tile}: {100 * (worst - 1):.0f}% slower at worst")
+            print(f"  (block_n, block_k, num_warps, num_stages, prefetch) = {tile}: "
+                  f"{100 * (worst - 1):.0f}% slower at worst")
 
 
 if __name__ == "__main__":

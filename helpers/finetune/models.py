@@ -165,7 +165,8 @@ def load_checkpoint(name_or_path: str, device: torch.device | str, attn: str = "
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=quant_storage)
     model = AutoModelForCausalLM.from_pretrained(name_or_path, quantization_config=quant, device_map={"": device},
-                                                 dtype=torch.bfloat16, attn_implementation=attn, local_files_only=not hub_reachable())
+                                                 dtype=torch.bfloat16, attn_implementation=attn,
+                                                 local_files_only=not hub_reachable())
     model.config.use_cache = False
     return model
 

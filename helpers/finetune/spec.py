@@ -34,7 +34,8 @@ class PointSpec:
         """A stable name: two specs with the same key measure the same thing (cap 40 and 40.0 alike)."""
         cap = "none" if self.cap_gb is None else f"{self.cap_gb:g}"
         if self.kind == "generate":
-            return f"generate/{self.model}/cap={cap}/r={self.lora_r}/{self.attn}/new={','.join(map(str, self.new_tokens))}"
+            return (f"generate/{self.model}/cap={cap}/r={self.lora_r}/{self.attn}"
+                    f"/new={','.join(map(str, self.new_tokens))}")
         return (f"train/{self.model}/b={self.batch_size}/cap={cap}/r={self.lora_r}/{self.attn}/len={self.max_len}"
                 f"/steps={self.warmup_steps}+{self.timed_steps}" + ("" if self.grad_ckpt else "/no-ckpt"))
 

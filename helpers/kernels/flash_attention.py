@@ -236,8 +236,10 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_n0
         col_ok = offs_n < SK
-        kT = tl.load(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd, mask=col_ok[None, :], other=0.0)
-        vT = tl.load(v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd, mask=col_ok[None, :], other=0.0)
+        kT = tl.load(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd, mask=col_ok[None, :],
+                     other=0.0)
+        vT = tl.load(v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd, mask=col_ok[None, :],
+                     other=0.0)
         p = tl.math.exp2(tl.dot(q, kT) * qk_scale - lse[:, None])
         keep = row_ok[:, None] & col_ok[None, :]
         if CAUSAL:

@@ -289,7 +289,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     _check_eps(eps)
     if not isinstance(residual, torch.Tensor) or residual.shape != x.shape or residual.dtype != x.dtype:
         raise ValueError(f"residual must be a tensor of x's shape {tuple(x.shape)} and dtype {x.dtype}, got "
-                         f"{tuple(getattr(residual, 'shape', ()))} {getattr(residual, 'dtype', type(residual).__name__)}")
+                         f"{tuple(getattr(residual, 'shape', ()))} "
+                         f"{getattr(residual, 'dtype', type(residual).__name__)}")
     if residual.device != x.device:
         raise ValueError(f"residual is on {residual.device} but x is on {x.device}; they must be on one device")
     total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
