@@ -8,6 +8,8 @@ Timed as a decoder runs them (``bench.time_in_graph``): 32 layers' caches, one a
 """
 from __future__ import annotations
 
+import argparse
+
 import torch
 import torch.nn.functional as F
 
@@ -19,6 +21,7 @@ SPLITS = (1, 2, 3, 4, 6, 8, 16)
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     require_cuda("timing decode attention")
     torch.manual_seed(0)
     for heads in (32, 40):
