@@ -27,7 +27,8 @@ LinearGroup = Callable[[torch.Tensor, tuple[nn.Module, ...]], list[torch.Tensor]
 Norm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
 AddNorm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
 SwigluLinear = Callable[[torch.Tensor, torch.Tensor, nn.Module], torch.Tensor]  # (gate, up, down_proj)
-Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (q, k_cache, v_cache, pos)
+# (q, k_cache, v_cache, pos)
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 Rope = Callable[..., torch.Tensor]  # (q, k, v, cos, sin, pos, k_cache, v_cache) -> rotated q, see torch_rope_cache
 
 

@@ -120,8 +120,8 @@ def latency_ladder(working_sets: list[int], *, min_steps: int | None = None, ful
         chain = pointer_chase.build_chain(ws, device=DEVICE, generator=gen)
         n_nodes = ws // node
         steps = max(min_steps, n_nodes) if n_nodes <= full_cycle_nodes else 2 * min_steps
-        short, long = (bench.time_fn(lambda s=s: pointer_chase.chase(chain, s), warmup_ms=0, rep_ms=1, min_reps=3)
-                       for s in (steps, 2 * steps))
+        short, long = (bench.time_fn(lambda s=s, chain=chain: pointer_chase.chase(chain, s), warmup_ms=0, rep_ms=1,
+                                     min_reps=3) for s in (steps, 2 * steps))
         records.append({"probe": "latency", "working_set_bytes": ws,
                         "ns_per_load": (long.ms - short.ms) * 1e6 / steps, "steps": steps})
         del chain
@@ -162,7 +162,8 @@ def plot_bandwidth(records: list[dict], l2_bytes: int, hbm_datasheet_gbps: float
     ax.plot(ws, [r["gbps"] for r in records], "o-", label="measured (sum over the buffer, many passes)")
     ax.axvline(l2_bytes, color="C3", ls="--", lw=1, label=f"L2 size ({bytes_label(l2_bytes)})")
     if hbm_datasheet_gbps:
-        ax.axhline(hbm_datasheet_gbps, color="0.5", ls=":", lw=1, label=f"HBM datasheet ({hbm_datasheet_gbps:,.0f} GB/s)")
+        ax.axhline(hbm_datasheet_gbps, color="0.5", ls=":", lw=1,
+                   label=f"HBM datasheet ({hbm_datasheet_gbps:,.0f} GB/s)")
     for value, name, color in ((l2_gbps, "L2 plateau", "C1"), (hbm_gbps, "HBM plateau", "C2")):
         if math.isfinite(value):
             ax.axhline(value, color=color, lw=1, alpha=0.7, label=f"{name}: {value:,.0f} GB/s")

@@ -114,7 +114,8 @@ class Result:
     def describe(self) -> str:
         p = self.provenance
         return (f"{p.get('gpu')} (driver {p.get('driver')}, CUDA {p.get('cuda')}, torch {p.get('torch')}, "
-                f"triton {p.get('triton')}), commit {(p.get('git_commit') or 'not recorded')[:12]}, {p.get('timestamp')}")
+                f"triton {p.get('triton')}), commit {(p.get('git_commit') or 'not recorded')[:12]}, "
+                f"{p.get('timestamp')}")
 
 
 def _check_topic(topic: str) -> None:

@@ -129,7 +129,8 @@ def dial_sweep(ks: list[int], n_elements: int | None = None, *, block: int = 204
 def knee(records: list[dict], memory_fraction: float = 0.9) -> dict:
     """Where the dial turns from memory-bound to compute-bound, read off its own records:
     ``asymptotes``: the intensity where its low-intensity bandwidth meets its top FLOP/s;
-    ``bandwidth_drops``: the first intensity whose bandwidth falls under ``memory_fraction`` of the lowest-intensity one."""
+    ``bandwidth_drops``: the first intensity whose bandwidth falls under ``memory_fraction`` of the
+    lowest-intensity one."""
     ordered = sorted(records, key=lambda r: r["flops_per_byte"])
     if len(ordered) < 2:
         raise ValueError("need at least two dial records")

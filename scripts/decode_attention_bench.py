@@ -8,6 +8,8 @@ Timed as a decoder runs them (``bench.time_in_graph``): 32 layers' caches, one a
 """
 from __future__ import annotations
 
+import argparse
+
 import torch
 import torch.nn.functional as F
 
@@ -19,6 +21,7 @@ SPLITS = (1, 2, 3, 4, 6, 8, 16)
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     require_cuda("timing decode attention")
     torch.manual_seed(0)
     for heads in (32, 40):
@@ -30,8 +33,9 @@ def main() -> None:
             live = torch.arange(max_len, device="cuda") <= pos
             mask = torch.where(live, 0.0, float("-inf")).to(torch.bfloat16)[None, None, None, :]
             ref = F.scaled_dot_product_attention(q, kc[0], vc[0], attn_mask=mask).float()
-            us = {"sdpa": bench.time_in_graph([lambda i=i: F.scaled_dot_product_attention(q, kc[i], vc[i], attn_mask=mask)
-                                               for i in range(LAYERS)]).ms * 1e3}
+            us = {"sdpa": bench.time_in_graph(
+                [lambda i=i: F.scaled_dot_product_attention(q, kc[i], vc[i], attn_mask=mask) for i in range(LAYERS)]
+            ).ms * 1e3}
             for s in (*SPLITS, None):
                 error = float((decode_attention(q, kc[0], vc[0], pos, s).float() - ref).norm() / ref.norm())
                 if error > 2e-2:

@@ -90,10 +90,11 @@ def main() -> None:
                 if not lo <= rows * cfg.block_n // (32 * warps) <= hi and cfg != table[pas]:
                     continue
                 if pas == "fwd":
-                    run = lambda: K.forward(x, b, w, lb, gelu=args.gelu, config=cfg)  # noqa: E731
+                    # (F821: ruff sees the del at the loop's end; the lambdas run before it)
+                    run = lambda: K.forward(x, b, w, lb, gelu=args.gelu, config=cfg)  # noqa: E731, F821
                     ref = y_ref
                 else:
-                    run = lambda: K.backward(dy, x, b, w, mean, rstd, gelu=args.gelu, config=cfg)  # noqa: E731
+                    run = lambda: K.backward(dy, x, b, w, mean, rstd, gelu=args.gelu, config=cfg)  # noqa: E731, F821
                     ref = dx_ref
                 try:
                     got = run()[0]
@@ -122,7 +123,7 @@ def main() -> None:
         if args.block or len(args.passes) < 2:
             continue
         leaves = [t.clone().requires_grad_() for t in (x, b, w, lb)]
-        both = lambda: torch.autograd.grad(K.fused_bias_gelu_layernorm(*leaves), leaves, dy)  # noqa: E731
+        both = lambda: torch.autograd.grad(K.fused_bias_gelu_layernorm(*leaves), leaves, dy)  # noqa: E731, F821
         gpu = bench.time_fn(both, **TIMING).ms
         host = _host_ms(both)
         print(f"fwd+bwd {dname} N={n}: {gpu * 1e3:.1f} us timed, {host * 1e3:.1f} us to issue from Python")

@@ -10,6 +10,8 @@ leaves clean lines) and with no flush, prints GB/s for each and saves them to ``
 """
 from __future__ import annotations
 
+import argparse
+
 import torch
 
 from helpers import bench, require_cuda, results
@@ -19,6 +21,7 @@ MODES = ("write", "read", False)
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     require_cuda("the L2 flush check")
     rows = []
     for nbytes in (2**28, 2**30):  # one fused-kernel-sized copy, the ceiling's copy

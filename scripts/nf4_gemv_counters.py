@@ -101,9 +101,11 @@ def main() -> int:
             return run.returncode
     records = parse(text)
     for r in records:
-        print(f"{r['shape']:34s} {r['duration_us']:6.1f} us  DRAM {r['dram_pct']:4.0f}%  ALU pipe {r['alu_pipe_pct']:4.0f}%  "
+        print(f"{r['shape']:34s} {r['duration_us']:6.1f} us  DRAM {r['dram_pct']:4.0f}%  "
+              f"ALU pipe {r['alu_pipe_pct']:4.0f}%  "
               f"FMA pipe {r['fma_pipe_pct']:4.0f}%  issue {r['issue_slots_pct']:4.0f}%  warps/scheduler "
-              f"{r['warps_per_scheduler']:.1f} ({r['eligible_per_scheduler']:.2f} ready)  {r['registers']:.0f} registers  "
+              f"{r['warps_per_scheduler']:.1f} ({r['eligible_per_scheduler']:.2f} ready)  "
+              f"{r['registers']:.0f} registers  "
               f"{r['instructions_per_weight']:.2f} instructions/weight")
     if not args.from_csv:
         for r in records:

@@ -24,7 +24,7 @@ import triton  # noqa: E402
 from helpers.decode_bench import LLAMA_7B_SHAPES, nf4_gemv_bytes, nf4_weights  # noqa: E402
 from helpers.kernels.nf4_gemv import Config, config_for, nf4_matmul, nf4_operands  # noqa: E402
 
-# one pipeline stage only: three stages were never among the fastest on the H200 (commits 50d98ec, 40fe7c8);
+# one pipeline stage only: three stages were never among the fastest on the H200 in earlier sweeps;
 # long K tiles without a split save the partial sums' second kernel
 GRID = {1: {"block_n": (16, 32, 64), "block_k": (256, 1024, 2048), "num_warps": (2, 4, 8), "split_k": (1, 2, 4),
             "num_stages": (1,), "prefetch": (True,)},
@@ -42,7 +42,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=4)
     fields = ("block_n", "block_k", "num_warps", "split_k")  # the grid's axes the command line may set
     for field in fields:
-        parser.add_argument(f"--{field.replace('_', '-')}", type=int, nargs="+", help=f"{field} values (default: GRID's)")
+        parser.add_argument(f"--{field.replace('_', '-')}", type=int, nargs="+",
+                            help=f"{field} values (default: GRID's)")
     args = parser.parse_args()
     for rows in args.rows:  # the command line narrows or widens the grid
         GRID[rows].update({f: tuple(v) for f in fields if (v := getattr(args, f)) is not None})
@@ -90,7 +91,8 @@ def main() -> None:
         print(f"\n{rows} row(s): one tile for every shape (its best split on each), worst slowdown against each "
               "shape's fastest:")
         for tile, worst in sorted(slowdown.items(), key=lambda kv: kv[1])[:args.top]:
-            print(f"  (block_n, block_k, num_warps, num_stages, prefetch) = {tile}: {100 * (worst - 1):.0f}% slower at worst")
+            print(f"  (block_n, block_k, num_warps, num_stages, prefetch) = {tile}: "
+                  f"{100 * (worst - 1):.0f}% slower at worst")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import torch
 
 import helpers  # first: on a machine without a GPU it sets the Triton interpreter up
 from helpers import bench, require_cuda
-from helpers.finetune.models import _nf4_linear
+from helpers.finetune.models import random_nf4_linear
 from helpers.kernels.nf4_dequant import nf4_dequantize
 from helpers.kernels.nf4_gemv import nf4_operands
 from helpers.patching import use_course_nf4
@@ -42,7 +42,7 @@ def main() -> None:
     import bitsandbytes.functional as BF
 
     gen = torch.Generator(helpers.DEVICE).manual_seed(0)
-    big = _nf4_linear(4096, 11008, helpers.DEVICE, 0.02, gen)
+    big = random_nf4_linear(4096, 11008, helpers.DEVICE, 0.02, gen)
     ops = nf4_operands(big.weight)
     for name, fn in (("bitsandbytes dequantize_4bit", lambda: BF.dequantize_4bit(big.weight, big.weight.quant_state)),
                      ("course nf4_dequantize", lambda: nf4_dequantize(ops))):
@@ -50,7 +50,7 @@ def main() -> None:
         print(f"{name:30s} 4096 x 11008: {t.ms * 1e3:6.1f} us, {ops.n * ops.k * 2.516 / t.ms / 1e6:,.0f} GB/s")
     x = torch.randn(64, 256, device=helpers.DEVICE, requires_grad=True)
     for variant in ("stock", "course"):
-        layer = torch.nn.Sequential(_nf4_linear(256, 256, helpers.DEVICE, 0.02, gen))
+        layer = torch.nn.Sequential(random_nf4_linear(256, 256, helpers.DEVICE, 0.02, gen))
         if variant == "course":
             use_course_nf4(layer)
         print(f"{variant:7s} Linear4bit 64 x 256 -> 256, forward + backward: {host_us(layer, x, args.calls):6.1f} us "

@@ -87,7 +87,8 @@ def _attention(res: results.Result) -> list[tuple[str, str, str]]:
             if "triton" not in pick:
                 continue
             label = f"FlashAttention (Triton) {pass_}, {'causal' if causal else 'non-causal'}, B4 H32 S4096 D128"
-            vs = f"{pick['triton'] / pick['sdpa_flash']:.2f}x SDPA flash, {pick['triton'] / pick['sdpa_cudnn']:.2f}x cuDNN"
+            vs = (f"{pick['triton'] / pick['sdpa_flash']:.2f}x SDPA flash, "
+                  f"{pick['triton'] / pick['sdpa_cudnn']:.2f}x cuDNN")
             rows.append((label, f"{pick['triton']:,.0f} TFLOP/s", vs))
     return rows
 
@@ -184,7 +185,8 @@ def _two_gpus(res: results.Result, spec: specs.GpuSpec | None) -> list[tuple[str
     train = [r for r in res.records if r.get("kind") == "train"]
     big = [r for r in train if r["model"] == "70b" and r["strategy"] == "fsdp" and r["gpus"] == 2 and r["cap_gb"] == 40]
     for expandable in (True, False):
-        runs = sorted((r for r in big if bool(r.get("expandable_segments")) == expandable), key=lambda r: r["batch_size"])
+        runs = sorted((r for r in big if bool(r.get("expandable_segments")) == expandable),
+                      key=lambda r: r["batch_size"])
         if not runs:
             continue
         ok = [r for r in runs if r["status"] == "ok"]
@@ -205,7 +207,8 @@ def _two_gpus(res: results.Result, spec: specs.GpuSpec | None) -> list[tuple[str
         best = max(ar, key=lambda r: r["busbw_gbps"])
         ref = (f"{best['busbw_gbps'] / (spec.nvlink_gbps / 2):.0%} of NVLink's {spec.nvlink_gbps / 2:g} GB/s one way"
                if spec and spec.nvlink_gbps else "")
-        rows.append((f"all-reduce bus bandwidth between 2 GPUs, {best['size_mb']:g} MiB", f"{best['busbw_gbps']:,.0f} GB/s", ref))
+        rows.append((f"all-reduce bus bandwidth between 2 GPUs, {best['size_mb']:g} MiB",
+                     f"{best['busbw_gbps']:,.0f} GB/s", ref))
     return rows
 
 
@@ -226,7 +229,8 @@ def summary_figure(gpu: str = "h200") -> Path | None:
     fig, (ax_a, ax_f) = plt.subplots(1, 2, figsize=(12, 4))
     impls = ["naive", "sdpa_efficient", "sdpa_flash", "triton", "sdpa_cudnn"]
     for i, pass_ in enumerate(("fwd", "fwd+bwd")):
-        tf = {r["impl"]: r["tflops"] for r in attention.where(B=4, H=32, S=4096, D=128, causal=False, **{"pass": pass_})}
+        tf = {r["impl"]: r["tflops"]
+              for r in attention.where(B=4, H=32, S=4096, D=128, causal=False, **{"pass": pass_})}
         ax_a.bar([x + 0.4 * i for x in range(len(impls))], [tf[k] for k in impls], 0.4, label=pass_)
     names = {"naive": "PyTorch\nnaive", "sdpa_efficient": "SDPA\nefficient", "sdpa_flash": "SDPA flash\n(FA2)",
              "triton": "this course\n(Triton)", "sdpa_cudnn": "SDPA\ncuDNN"}

@@ -69,7 +69,8 @@ def test_a_wider_call_keeps_the_old_counters():
 
 
 def test_bad_input_is_a_clear_error():
-    q, kc, pos = torch.randn(1, 4, 1, 16, device=DEV), torch.randn(1, 4, 8, 16, device=DEV), torch.tensor([0], device=DEV)
+    q, kc = torch.randn(1, 4, 1, 16, device=DEV), torch.randn(1, 4, 8, 16, device=DEV)
+    pos = torch.tensor([0], device=DEV)
     with pytest.raises(ValueError, match="k_cache and v_cache"):
         decode_attention(q, kc, kc[:, :2], pos)
     with pytest.raises(ValueError, match="multiple of H_kv"):

@@ -44,7 +44,8 @@ def test_fit_never_returns_negative_terms():
 
 def test_decode_projection_scales_overhead_with_clock_only_when_asked():
     records = [{"kind": "generate", "model": m, "status": "ok", "new_tokens": n, "cap_gb": None,
-                "seconds": n * (0.002 * analysis.MODELS[m].num_hidden_layers)} for m in ("7b", "13b") for n in (64, 512)]
+                "seconds": n * (0.002 * analysis.MODELS[m].num_hidden_layers)}
+               for m in ("7b", "13b") for n in (64, 512)]
     fit = analysis.fit_decode_model(records, H200)
     assert fit["overhead_s_per_layer"] == pytest.approx(0.002, rel=0.05)
     plain = analysis.project_decode(fit, records[0], ADA, H200, clock_scaled=False)

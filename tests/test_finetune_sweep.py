@@ -5,7 +5,7 @@ import torch
 
 from helpers import results
 from helpers.finetune import data, point, sweep
-from helpers.finetune.point import PointSpec
+from helpers.finetune.spec import PointSpec
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from helpers import HAS_CUDA
-from helpers.kernels.flash_attention import attention_reference, flash_attention
+from helpers.kernels.flash_attention import attention_reference, flash_attention, is_dense
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 # relative error ||out - ref|| / ||ref|| against float64; fp32 runs only in the CPU interpreter
@@ -116,8 +116,6 @@ def test_strided_inputs_forward_and_backward(layout):
 
 
 def test_dense_check():
-    from helpers.kernels.flash_attention import _is_dense
-
     t = torch.randn(2, 3, 5, 8)
-    assert _is_dense(t) and _is_dense(t.transpose(1, 2)) and _is_dense(t[:1])
-    assert not _is_dense(t[..., :4]) and not _is_dense(t[:, :, ::2]) and not _is_dense(t[:, :1])
+    assert is_dense(t) and is_dense(t.transpose(1, 2)) and is_dense(t[:1])
+    assert not is_dense(t[..., :4]) and not is_dense(t[:, :, ::2]) and not is_dense(t[:, :1])

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from helpers.finetune import kernels_step
-from helpers.finetune.data import PAD_ID, TokenizedData, standin_texts
+from helpers.finetune.data import PAD_ID, TokenizedData
 from helpers.finetune.graphed_step import GraphedTrainStep, pad_width
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

@@ -21,7 +21,8 @@ from .models import MODELS, ModelSpec
 
 PASSES = 3  # forward, forward again (gradient checkpointing), backward
 DEQUANT_BYTES = 4.5  # per nf4 weight and pass: read 0.5 B packed, write 2 B bf16, read them back for the matmul
-ACT_BYTES = 40  # bytes a token moves per layer and hidden unit in the element-wise kernels (norms, RoPE, SiLU, residuals)
+# bytes a token moves per layer and hidden unit in the element-wise kernels (norms, RoPE, SiLU, residuals)
+ACT_BYTES = 40
 
 
 def train_terms(spec: ModelSpec, batch: int, padded_len: float, attn: str = "eager") -> dict:

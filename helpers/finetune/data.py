@@ -62,7 +62,8 @@ def docstring_pool() -> list[tuple[str, str]]:
     for module_name in _MODULES:
         module = importlib.import_module(module_name)
         members = [(module_name, module)] + [(f"{module_name}.{n}", obj) for n, obj in sorted(vars(module).items())
-                                             if not n.startswith("_") and (inspect.isclass(obj) or inspect.isfunction(obj))
+                                             if not n.startswith("_")
+                                             and (inspect.isclass(obj) or inspect.isfunction(obj))
                                              and obj.__module__ == module_name]
         for name, obj in members:
             doc = inspect.getdoc(obj)

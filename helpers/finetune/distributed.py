@@ -19,7 +19,7 @@ Rank 0 gathers every rank's numbers into one flat record and writes the results 
 ``helpers.results`` (topic ``fsdp``). At smoke scale the ranks are CPU processes joined by gloo.
 
 Memory caps: the whole nf4 model is built on each GPU first (uncapped), then sharded; the cap
-(``point.apply_cap``, CUDA context and NCCL buffers counted in) applies from the first training
+(``memory_caps.apply_cap``, CUDA context and NCCL buffers counted in) applies from the first training
 step on. A real 2 x A100 40GB run would load each rank's shard instead; the training steps, which
 set the peak, are the same.
 """
@@ -38,7 +38,7 @@ import torch
 
 from .. import results
 from ..device import HAS_CUDA, SCALE
-from .point import PointSpec
+from .spec import PointSpec
 
 TOPIC = "fsdp"
 FOLDER_GPUS = 2  # the two-GPU experiment's records (its 1-GPU references too) live in results/<gpu>x2/fsdp.json

@@ -26,8 +26,9 @@ from .. import results
 from .data import TokenizedData, make_batches
 from .distributed import OOM_EXIT, DistSpec, save_records
 from .lora import LoraSettings, attach_lora, check_checkpointing, decoder_layers
+from .memory_caps import GiB, SimulatedMemory, apply_cap, is_oom, peak_memory
 from .models import build_model
-from .point import GiB, SimulatedMemory, _peaks, apply_cap, is_oom, sync, timed_steps
+from .timing import sync, timed_steps
 
 
 def rank_batches(token_ids: list[list[int]], batch_size: int, world: int, rank: int, steps: int,
@@ -113,11 +114,11 @@ def train_rank(spec: DistSpec, data: TokenizedData, device: torch.device, rank: 
     except Exception as error:
         if not is_oom(error):
             raise
-        mine.update(status="oom", oom_message=str(error).splitlines()[0][:200], **_peaks(device, meter))
+        mine.update(status="oom", oom_message=str(error).splitlines()[0][:200], **peak_memory(device, meter))
         return mine
     mine.update(status="ok", times=times, loss=losses[-1], lora_norm=float(after.norm()),
                 lora_change=float((after - before).norm()), gpu_util_pct=summary.get("util_pct_mean"),
-                timed_tokens=sum(global_tokens[spec.warmup_steps:]), **_peaks(device, meter))
+                timed_tokens=sum(global_tokens[spec.warmup_steps:]), **peak_memory(device, meter))
     return mine
 
 

@@ -13,8 +13,10 @@ import torch
 
 from .data import TokenizedData
 from .lora import LoraSettings, attach_lora
+from .memory_caps import apply_cap, is_oom
 from .models import ModelSpec, build_model, nf4_bytes
-from .point import PointSpec, apply_cap, base_record, is_oom, sync
+from .spec import PointSpec, base_record
+from .timing import sync
 
 
 def run_generate(spec: PointSpec, data: TokenizedData, device: torch.device) -> list[dict]:

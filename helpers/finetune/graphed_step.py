@@ -95,7 +95,8 @@ class GraphedTrainStep:
         static = {k: v.to(self.device).clone() for k, v in batch.items()}
         self._attach_grads()
         weights = [p.detach().clone() for p in self.params]
-        moments = {(i, k): v.clone() for i, p in enumerate(self.params) for k, v in self.optimizer.state.get(p, {}).items()}
+        moments = {(i, k): v.clone() for i, p in enumerate(self.params)
+                   for k, v in self.optimizer.state.get(p, {}).items()}
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):  # autotuning, cuBLAS workspaces, AdamW's state: all before the capture

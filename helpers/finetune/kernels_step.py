@@ -22,8 +22,9 @@ from ..patching import SDPA_BF16, use_attention, use_course_kernels
 from .data import TokenizedData, make_batches
 from .graphed_step import GraphedTrainStep
 from .lora import LoraSettings, attach_lora, check_checkpointing
+from .memory_caps import GiB
 from .models import build_model
-from .point import GiB, sync, timed_steps
+from .timing import sync, timed_steps
 
 GRAPHED = "course graphed"
 VARIANTS = ("stock", "sdpa bf16", "course", GRAPHED)

@@ -78,8 +78,9 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 def count_layer_forwards(model: nn.Module, run_step) -> int:
     """How many times the first decoder layer's attention runs during ``run_step()`` (forward + backward).
 
-    The attention (where the adapters sit), not the layer itself: depending on the transformers release, checkpointing wraps the
-    layer's ``forward`` or its ``__call__``, and only a submodule's hook sees the recomputation in both.
+    The attention (where the adapters sit), not the layer itself: depending on the transformers release,
+    checkpointing wraps the layer's ``forward`` or its ``__call__``, and only a submodule's hook sees the
+    recomputation in both.
     """
     calls = []
     handle = decoder_layers(model)[0].self_attn.register_forward_hook(lambda *_: calls.append(1))

@@ -89,8 +89,8 @@ def llama_config(spec: ModelSpec):
                        use_cache=False)
 
 
-def _nf4_linear(in_features: int, out_features: int, device: torch.device, std: float,
-                generator: torch.Generator, quant_storage: torch.dtype = torch.uint8) -> nn.Module:
+def random_nf4_linear(in_features: int, out_features: int, device: torch.device, std: float,
+                      generator: torch.Generator, quant_storage: torch.dtype = torch.uint8) -> nn.Module:
     """A bias-free bnb ``Linear4bit`` holding a random N(0, std) matrix, quantised on ``device``.
 
     ``quant_storage``: the dtype the packed 4-bit codes are stored as (bf16 lets FSDP shard them
@@ -120,7 +120,7 @@ def build_random(spec: ModelSpec, device: torch.device | str, seed: int = 0, att
     The model says it is loaded in 4 bit, as ``from_pretrained`` with a quantisation config would,
     so that peft prepares it the same way (gradient checkpointing, fp32 norms and embeddings).
     ``attn``: "sdpa" (fused attention kernels, today's default) or "eager" (the S x S score matrix
-    in memory, as the seed's transformers 4.31 ran Llama). ``quant_storage``: see ``_nf4_linear``.
+    in memory, as the seed's transformers 4.31 ran Llama). ``quant_storage``: see ``random_nf4_linear``.
     """
     from transformers import LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
@@ -144,8 +144,8 @@ def build_random(spec: ModelSpec, device: torch.device | str, seed: int = 0, att
             for name in _LINEARS:
                 if hasattr(parent, name):
                     old = getattr(parent, name)
-                    setattr(parent, name, _nf4_linear(old.in_features, old.out_features, device, std, generator,
-                                                      quant_storage))
+                    setattr(parent, name, random_nf4_linear(old.in_features, old.out_features, device, std,
+                                                            generator, quant_storage))
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
             norm.weight = nn.Parameter(torch.ones(spec.hidden_size, dtype=torch.bfloat16, device=device))
         model.model.layers.append(layer)
@@ -165,7 +165,8 @@ def load_checkpoint(name_or_path: str, device: torch.device | str, attn: str = "
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=quant_storage)
     model = AutoModelForCausalLM.from_pretrained(name_or_path, quantization_config=quant, device_map={"": device},
-                                                 dtype=torch.bfloat16, attn_implementation=attn, local_files_only=not hub_reachable())
+                                                 dtype=torch.bfloat16, attn_implementation=attn,
+                                                 local_files_only=not hub_reachable())
     model.config.use_cache = False
     return model
 

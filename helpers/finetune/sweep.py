@@ -35,7 +35,8 @@ from typing import Callable, Iterable, Sequence
 from .. import results
 from ..device import HAS_CUDA, SCALE
 from .data import TokenizedData, prepare
-from .point import GiB, PointSpec
+from .memory_caps import GiB
+from .spec import PointSpec
 
 TOPIC = "finetune"
 CAPS: dict[float | None, str] = {None: "whole card", 40: "A100 40GB", 48: "RTX 6000 Ada 48GB"}

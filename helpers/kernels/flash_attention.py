@@ -236,8 +236,10 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_n0
         col_ok = offs_n < SK
-        kT = tl.load(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd, mask=col_ok[None, :], other=0.0)
-        vT = tl.load(v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd, mask=col_ok[None, :], other=0.0)
+        kT = tl.load(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd, mask=col_ok[None, :],
+                     other=0.0)
+        vT = tl.load(v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd, mask=col_ok[None, :],
+                     other=0.0)
         p = tl.math.exp2(tl.dot(q, kT) * qk_scale - lse[:, None])
         keep = row_ok[:, None] & col_ok[None, :]
         if CAUSAL:
@@ -348,11 +350,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     """
     _check_inputs(q, k, v, causal)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    q, k, v = (t if _is_dense(t) else t.contiguous() for t in (q, k, v))
+    q, k, v = (t if is_dense(t) else t.contiguous() for t in (q, k, v))
     return FlashAttentionFunction.apply(q, k, v, bool(causal), scale)
 
 
-def _is_dense(t: torch.Tensor) -> bool:
+def is_dense(t: torch.Tensor) -> bool:
     """True if ``t`` fills its storage without gaps or overlaps (any order of dimensions), so that
     ``torch.empty_like(t)`` has ``t``'s strides: the backward writes dQ, dK, dV with those strides.
     A slice of a packed QKV tensor is not dense."""

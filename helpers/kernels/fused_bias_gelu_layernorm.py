@@ -35,8 +35,18 @@ import triton.language as tl
 
 from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernels are defined
 from . import check_powers_of_two, check_triton_device
+from .rowwise import sm_count, sum_partials_kernel, tile_mask
 
-GELU_MODES = {"none": 0, "erf": 1, "erf_fast": 2, "tanh": 3, "erf_exp2": 4, "erf_fp32": 5}
+# The GELU variants as the kernels' GELU argument names them (tl.constexpr: the only globals a @triton.jit
+# function may read); GELU_MODES maps ``gelu=`` to them.
+GELU_NONE = tl.constexpr(0)
+GELU_ERF = tl.constexpr(1)
+GELU_ERF_FAST = tl.constexpr(2)
+GELU_TANH = tl.constexpr(3)
+GELU_ERF_EXP2 = tl.constexpr(4)
+GELU_ERF_FP32 = tl.constexpr(5)
+GELU_MODES = {"none": GELU_NONE.value, "erf": GELU_ERF.value, "erf_fast": GELU_ERF_FAST.value,
+              "tanh": GELU_TANH.value, "erf_exp2": GELU_ERF_EXP2.value, "erf_fp32": GELU_ERF_FP32.value}
 AUTO_GELU = {torch.float32: "erf_fp32", torch.float16: "erf_exp2", torch.bfloat16: "erf_exp2"}
 DTYPES = tuple(AUTO_GELU)
 MAX_N = 1 << 20  # widest row accepted (the chunked path handles any width; this bounds the partial sums' memory)
@@ -116,20 +126,22 @@ def _phi_neg_abs_fp32(v, FAST: tl.constexpr):
 @triton.jit
 def _gelu(v, GELU: tl.constexpr, FAST: tl.constexpr):
     """GELU(v) in fp32; GELU selects the variant (see GELU_MODES)."""
-    if GELU == 1:
+    if GELU == GELU_ERF:
         g = 0.5 * v * (1.0 + tl.erf(v * 0.7071067811865476))
-    elif GELU == 2:
+    elif GELU == GELU_ERF_FAST:
         phi, _ = _phi_fast(v, FAST)
         g = v * phi
-    elif GELU == 3:
+    elif GELU == GELU_TANH:
         g = v * _rcp(1.0 + _exp2(-v * (2.302208198144325 + 0.1029432395800235 * v * v), FAST), FAST)
-    elif GELU == 4:  # v Phi(v) = max(v, 0) - |v| Phi(-|v|): no select on the sign; a (finite) makes v = +-inf exact
+    elif GELU == GELU_ERF_EXP2:
+        # v Phi(v) = max(v, 0) - |v| Phi(-|v|): no select on the sign; a (finite) makes v = +-inf exact
         log2_h, a = _phi_neg_abs(v)
         g = tl.maximum(v, 0.0) - a * _exp2(log2_h, FAST)
-    elif GELU == 5:  # the same form; |v| capped where h is already 0, so that v = -inf gives 0, not inf * 0
+    elif GELU == GELU_ERF_FP32:
+        # the same form; |v| capped where h is already 0, so that v = -inf gives 0, not inf * 0
         h, a = _phi_neg_abs_fp32(v, FAST)
         g = tl.maximum(v, 0.0) - tl.minimum(a, 3.0e38) * h
-    else:
+    else:  # GELU_NONE
         g = v
     return g
 
@@ -137,44 +149,34 @@ def _gelu(v, GELU: tl.constexpr, FAST: tl.constexpr):
 @triton.jit
 def _gelu_and_grad(v, GELU: tl.constexpr, FAST: tl.constexpr):
     """GELU(v) and its derivative dGELU/dv, in fp32."""
-    if GELU == 1:
+    if GELU == GELU_ERF:
         phi = 0.5 * (1.0 + tl.erf(v * 0.7071067811865476))
         g = v * phi
         dg = phi + v * 0.3989422804014327 * tl.exp2(v * v * -0.7213475204444817)
-    elif GELU == 2:
+    elif GELU == GELU_ERF_FAST:
         phi, e = _phi_fast(v, FAST)
         g = v * phi
         dg = phi + v * 0.3989422804014327 * e
-    elif GELU == 3:
+    elif GELU == GELU_TANH:
         s = _rcp(1.0 + _exp2(-v * (2.302208198144325 + 0.1029432395800235 * v * v), FAST), FAST)
         g = v * s
         dg = s + v * s * (1.0 - s) * (0.6931471805599453 * (2.302208198144325 + 0.3088297187400705 * v * v))
-    elif GELU == 4:
+    elif GELU == GELU_ERF_EXP2:
         log2_h, a = _phi_neg_abs(v)
         h = _exp2(log2_h, FAST)
         g = tl.maximum(v, 0.0) - a * h
         dg = tl.where(v >= 0, 1.0 - h, h) + v * 0.3989422804014327 * _exp2(v * v * -0.7213475204444817, FAST)
-    elif GELU == 5:
+    elif GELU == GELU_ERF_FP32:
         h, a = _phi_neg_abs_fp32(v, FAST)
         g = tl.maximum(v, 0.0) - tl.minimum(a, 3.0e38) * h
         dg = tl.where(v >= 0, 1.0 - h, h) + v * 0.3989422804014327 * _exp2(v * v * -0.7213475204444817, FAST)
-    else:
+    else:  # GELU_NONE
         g = v
         dg = tl.full(v.shape, 1.0, tl.float32)
     return g, dg
 
 
 # -------------------------------------------------------------------------------------- forward
-@triton.jit
-def _mask(rows, cols, M, N, EVEN_N: tl.constexpr):
-    """In-bounds elements of a [ROWS, BLOCK_N] tile; without a column test when the block is the row."""
-    if EVEN_N:
-        m = (rows < M)[:, None] & tl.full([cols.shape[0]], 1, tl.int1)[None, :]
-    else:
-        m = (rows < M)[:, None] & (cols < N)[None, :]
-    return m
-
-
 @triton.jit
 def _forward_kernel(X, B, W, LB, Y, MEAN, RSTD, M, N, eps,
                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, GELU: tl.constexpr,
@@ -197,17 +199,17 @@ def _forward_kernel(X, B, W, LB, Y, MEAN, RSTD, M, N, eps,
         if PREFETCH:  # the next row block is loaded while this one is computed (more bytes in flight)
             rows = pid * ROWS + tl.arange(0, ROWS)
             x_next = tl.load(X + rows.to(tl.int64)[:, None] * N + cols[None, :],
-                             mask=_mask(rows, cols, M, N, EVEN_N), other=0.0)
+                             mask=tile_mask(rows, cols, M, N, EVEN_N), other=0.0)
         for blk in tl.range(pid, n_blocks, n_prog, num_stages=STAGES):
             rows = blk * ROWS + tl.arange(0, ROWS)
             row_ok = rows < M
             offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-            mask = _mask(rows, cols, M, N, EVEN_N)
+            mask = tile_mask(rows, cols, M, N, EVEN_N)
             if PREFETCH:
                 x = x_next.to(tl.float32)
                 nxt = rows + n_prog * ROWS
                 x_next = tl.load(X + nxt.to(tl.int64)[:, None] * N + cols[None, :],
-                                 mask=_mask(nxt, cols, M, N, EVEN_N), other=0.0)
+                                 mask=tile_mask(nxt, cols, M, N, EVEN_N), other=0.0)
             else:
                 x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
             y = _gelu(x + b[None, :], GELU, FAST)  # 0 in masked lanes: GELU(0) = 0
@@ -295,20 +297,20 @@ def _backward_kernel(X, B, W, DY, MEAN, RSTD, DX, PART, M, N,
         if PREFETCH:
             rows = pid * ROWS + tl.arange(0, ROWS)
             offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-            mask = _mask(rows, cols, M, N, EVEN_N)
+            mask = tile_mask(rows, cols, M, N, EVEN_N)
             x_next = tl.load(X + offs, mask=mask, other=0.0)
             dy_next = tl.load(DY + offs, mask=mask, other=0.0)
         for blk in range(pid, n_blocks, n_prog):
             rows = blk * ROWS + tl.arange(0, ROWS)
             row_ok = rows < M
-            mask = _mask(rows, cols, M, N, EVEN_N)
+            mask = tile_mask(rows, cols, M, N, EVEN_N)
             offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
             if PREFETCH:
                 x = x_next.to(tl.float32)
                 dy = dy_next.to(tl.float32)
                 nxt = rows + n_prog * ROWS
                 n_offs = nxt.to(tl.int64)[:, None] * N + cols[None, :]
-                n_mask = _mask(nxt, cols, M, N, EVEN_N)
+                n_mask = tile_mask(nxt, cols, M, N, EVEN_N)
                 x_next = tl.load(X + n_offs, mask=n_mask, other=0.0)
                 dy_next = tl.load(DY + n_offs, mask=n_mask, other=0.0)
             else:
@@ -375,27 +377,6 @@ def _backward_kernel(X, B, W, DY, MEAN, RSTD, DX, PART, M, N,
                 tl.store(part_b + c, tl.load(part_b + c, mask=c_ok) + tl.sum(dv, axis=0), mask=c_ok)
 
 
-@triton.jit
-def _sum_partials_kernel(PART, OUT_B, OUT_W, OUT_LB, P, N, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    """OUT_k[c] = sum over p of PART[k, p, c], always in the same order (deterministic)."""
-    k = tl.program_id(1)
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < N
-    base = PART + k.to(tl.int64) * P * N
-    acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
-    for start in range(0, P, BLOCK_P):
-        p = start + tl.arange(0, BLOCK_P)
-        mask = (p < P)[:, None] & col_ok[None, :]
-        acc += tl.load(base + p.to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0.0)
-    total = tl.sum(acc, axis=0)
-    if k == 0:
-        tl.store(OUT_B + cols, total.to(OUT_B.dtype.element_ty), mask=col_ok)
-    elif k == 1:
-        tl.store(OUT_W + cols, total.to(OUT_W.dtype.element_ty), mask=col_ok)
-    else:
-        tl.store(OUT_LB + cols, total.to(OUT_LB.dtype.element_ty), mask=col_ok)
-
-
 # ------------------------------------------------------------------------------ launch settings
 @dataclass(frozen=True)
 class Config:
@@ -424,17 +405,16 @@ class Config:
     def programs(self, m: int, device: torch.device) -> int:
         """Programs in the grid for ``m`` rows on ``device``."""
         blocks = max(1, triton.cdiv(m, self.rows))
-        return min(blocks, self.programs_per_sm * _sm_count(device))
+        return min(blocks, self.programs_per_sm * sm_count(device))
 
     def prefetches(self, m: int, device: torch.device) -> bool:
         """Whether the launch prefetches (only worth it when a program has more than one row block)."""
         return self.prefetch and self.programs(m, device) < triton.cdiv(m, self.rows)
 
 
-# Measured on the H200 by scripts/fused_bias_gelu_layernorm_tune.py (M x N = 64M elements; the forward's at
-# commit 3c86660, for 16 bits and N >= 2048 at 7fb52e1 with erf_exp2; on 2026-12-02, after a read-only L2 flush, for
-# 32 bits with erf_fp32 and for bf16 N = 8192 with the degree-5 erf_exp2; the backward's at 506ef86 and, for
-# N = 8192, 9e722a6): (bits per element, block) ->
+# Measured on the H200 by scripts/fused_bias_gelu_layernorm_tune.py (M x N = 64M elements; the forward's 16-bit
+# entries for N >= 2048 with erf_exp2, its 32-bit entries with erf_fp32 and bf16 N = 8192 with the degree-5 erf_exp2,
+# those two after a read-only L2 flush): (bits per element, block) ->
 # (rows per block, warps, programs per SM, prefetch[, pipeline stages])
 _FORWARD_TABLE = {(16, 1024): (4, 2, 4, False, 4), (16, 2048): (2, 2, 4, False, 3), (16, 4096): (2, 4, 2, False, 3),
                   (16, 8192): (2, 16, 1, True),
@@ -466,13 +446,6 @@ def backward_config(n: int, dtype: torch.dtype) -> Config:
         return Config(block, *_BACKWARD_TABLE[bits, block])
     rows = max(1, min(8, 2048 // block))
     return Config(block, rows, max(4, min(16, block * rows // 256)), programs_per_sm=2)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter: a few programs, so that each one loops over several row blocks
 
 
 # -------------------------------------------------------------------------------- input checks
@@ -578,8 +551,8 @@ def backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, weight: torc
         BLOCK_N=cfg.block_n, ROWS=cfg.rows, SINGLE=single, GELU=mode, HAS_W=weight is not None,
         EVEN_N=cfg.block_n == n, FAST=FAST_ASM, PREFETCH=cfg.prefetches(m, x.device), num_warps=cfg.num_warps)
     block_c = min(256, triton.next_power_of_2(n))
-    _sum_partials_kernel[(triton.cdiv(n, block_c), 3)](part, *grads, programs, n, BLOCK_P=32, BLOCK_C=block_c,
-                                                       num_warps=4)
+    sum_partials_kernel[(triton.cdiv(n, block_c), 3)](part, *grads, programs, n, BLOCK_P=32, BLOCK_C=block_c,
+                                                      num_warps=4)
     return dx, *grads
 
 

@@ -24,7 +24,8 @@ import triton.language as tl
 
 from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernels are defined
 from . import check_triton_device
-from .nf4_gemv import NF4Operands, _round_to_bf16
+from .nf4_gemv import NF4Operands
+from .rounding import round_to_bf16
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_BYTES = 1024  # packed bytes (2048 weights) a program
@@ -53,7 +54,7 @@ def _nf4_dequantize_kernel(PACKED, CODE, ABSMAX, NESTED_ABSMAX, NESTED_CODE, OFF
     low = tl.load(CODE + (byte & 15)) * scale
     w = tl.reshape(tl.join(high, low), [2 * BLOCK])  # (BLOCK, 2) row-major: high, low, high, low, ...
     if ROUND_BF16:
-        w = _round_to_bf16(w)
+        w = round_to_bf16(w)
     i = pid * 2 * BLOCK + tl.arange(0, 2 * BLOCK)
     tl.store(OUT + i, w.to(OUT.dtype.element_ty), mask=i < 2 * n_bytes)
 

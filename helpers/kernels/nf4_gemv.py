@@ -72,6 +72,7 @@ import triton.language as tl
 
 from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernels are defined
 from . import check_powers_of_two
+from .rounding import round_to_bf16, silu_mul
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_M = 64  # rows of x one launch handles (the tensor-core path pads M to 16, 32 or 64)
@@ -155,15 +156,6 @@ _DOT = tl.constexpr(_dot_ptx())
 
 
 @triton.jit
-def _round_to_bf16(v):
-    """fp32 -> the nearest bf16 value (ties to even), as fp32: integer arithmetic, so the interpreter
-    (whose bf16 conversion truncates) rounds as the GPU does. For finite values."""
-    bits = v.to(tl.int32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _row_value(v):
     """The fp32 the one-row PTX makes of table value ``v``: 16 bits chosen here on top, and below them
     0x0000 for v >= 0 (v rounded to bf16) or 0xffff for v < 0 (the nearest such fp32): within half a
@@ -182,7 +174,7 @@ def _plane(CODE, FIRST: tl.constexpr, HIGH: tl.constexpr, DTYPE: tl.constexpr):
     for j in tl.static_range(4):
         v = tl.load(CODE + FIRST + j)
         if DTYPE == tl.bfloat16:
-            bits = _round_to_bf16(v).to(tl.int32, bitcast=True) >> 16
+            bits = round_to_bf16(v).to(tl.int32, bitcast=True) >> 16
         elif DTYPE == tl.float32:
             bits = _row_value(v).to(tl.int32, bitcast=True) >> 16
         else:
@@ -224,7 +216,7 @@ def _dequant_words(word, scale, CODE, planes, DTYPE: tl.constexpr, ASM: tl.const
         value = tl.load(CODE + _codes(word))
         s = scale[:, :, None, None, None]
         if DTYPE == tl.bfloat16:  # the PTX's roundings: table and scale to DTYPE, then the product
-            w = _round_to_bf16(_round_to_bf16(value) * _round_to_bf16(s))
+            w = round_to_bf16(round_to_bf16(value) * round_to_bf16(s))
         elif DTYPE == tl.float16:
             w = value.to(tl.float16).to(tl.float32) * s.to(tl.float16).to(tl.float32)
         else:
@@ -242,21 +234,6 @@ def _dot_words(word, x, planes):
     return tl.inline_asm_elementwise(_DOT, "=f,r" + ",f" * 8 + ",r" * 8,
                                      [word, x0, x1, x2, x3, x4, x5, x6, x7, p0, p1, p2, p3, p4, p5, p6, p7],
                                      dtype=tl.float32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _swiglu(g, u):
-    """``F.silu(g) * u`` in u's dtype as PyTorch rounds it: silu in fp32, rounded to the dtype, times u,
-    rounded (bf16 by integer arithmetic, so the interpreter rounds as the GPU does)."""
-    gf = g.to(tl.float32)
-    s = gf / (1.0 + tl.exp(-gf))
-    if u.dtype == tl.bfloat16:
-        out = _round_to_bf16(_round_to_bf16(s) * u.to(tl.float32))
-    elif u.dtype == tl.float16:
-        out = s.to(tl.float16).to(tl.float32) * u.to(tl.float32)
-    else:
-        out = s * u
-    return out.to(u.dtype)
 
 
 @triton.jit
@@ -306,7 +283,7 @@ def _nf4_matmul_kernel(X, GATE, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, O
                        ASM: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
                        PREFETCH: tl.constexpr, SWIGLU: tl.constexpr):
     """OUT[m, n] = sum_k X[m, k] * W[n, k] over this program's K slice (see the module docstring).
-    SWIGLU: x is ``silu(GATE) * X`` (``_swiglu``), computed as it is loaded.
+    SWIGLU: x is ``silu(GATE) * X`` (``silu_mul``), computed as it is loaded.
     WEIGHTS (1 to 3) weights of N_0, N_1 and N - N_0 - N_1 rows, one launch: the first programs along
     axis 0 take W, the next W_1, then W_2; weight i's result is an (M, N_i) block of OUT after the
     blocks of the weights before it."""
@@ -376,7 +353,7 @@ def _nf4_matmul_kernel(X, GATE, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, O
             x_ok = (c * G * WPB + rv < groups * WPB)[:, None, None, None]
             xv = tl.load(X + c * BLOCK_K + x_cols, mask=x_ok, other=0.0)
             if SWIGLU:
-                xv = _swiglu(tl.load(GATE + c * BLOCK_K + x_cols, mask=x_ok, other=0.0), xv)
+                xv = silu_mul(tl.load(GATE + c * BLOCK_K + x_cols, mask=x_ok, other=0.0), xv)
             if ASM:  # x to fp32 in the layout it was loaded in (a plain cast would be moved after the broadcast)
                 x0, x1, x2, x3, x4, x5, x6, x7 = _split8(_widen(xv))
                 per_word = _dot_words(word, (x0[None], x1[None], x2[None], x3[None], x4[None], x5[None], x6[None],
@@ -393,7 +370,7 @@ def _nf4_matmul_kernel(X, GATE, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, O
             x_ok = m_ok[:, None] & (c * BLOCK_K + rk < K)[None, :]
             xv = tl.load(x_rows + (c * BLOCK_K + rk)[None, :], mask=x_ok, other=0.0)
             if SWIGLU:
-                xv = _swiglu(tl.load(g_rows + (c * BLOCK_K + rk)[None, :], mask=x_ok, other=0.0), xv)
+                xv = silu_mul(tl.load(g_rows + (c * BLOCK_K + rk)[None, :], mask=x_ok, other=0.0), xv)
             if DOT_FP32:  # same products (16-bit values are exact in fp32), for the interpreter's tl.dot
                 w, xv = w.to(tl.float32), xv.to(tl.float32)
             acc = tl.dot(xv, tl.trans(w), acc, input_precision=PRECISION)

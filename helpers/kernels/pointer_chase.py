@@ -58,7 +58,8 @@ def build_chain(working_set_bytes: int, stride: int = LINE_ELEMS, device: str | 
     return chain
 
 
-def chase(chain: torch.Tensor, steps: int, start: int = 0, trace: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def chase(chain: torch.Tensor, steps: int, start: int = 0,
+          trace: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Follow ``chain`` for ``steps`` dependent loads from element ``start``; returns the end index
     (a 1-element int32 tensor on the chain's device) and, with ``trace``, every index visited."""
     if not isinstance(chain, torch.Tensor) or chain.dtype != torch.int32 or chain.dim() != 1:

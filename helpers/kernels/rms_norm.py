@@ -43,8 +43,10 @@ import triton.language as tl
 
 from .. import device as _device  # noqa: F401  (imported first: sets TRITON_INTERPRET before the kernels are defined)
 from . import check_triton_device
-from . import fused_bias_gelu_layernorm as _ln
-from .fused_bias_gelu_layernorm import Config, _mask, _sm_count, _sum_partials_kernel
+from .fused_bias_gelu_layernorm import Config
+from .fused_bias_gelu_layernorm import backward_config as layernorm_backward_config
+from .fused_bias_gelu_layernorm import forward_config as layernorm_forward_config
+from .rowwise import sm_count, sum_partials_kernel, tile_mask
 
 __all__ = ["Config", "FusedRMSNorm", "MAX_N", "RMSNormFunction", "add_rms_norm", "backward", "backward_config",
            "forward", "forward_config", "rms_norm"]
@@ -76,7 +78,7 @@ def _rms_norm_fwd_kernel(X, R, S, W, Y, RSTD, M, N, stride_x, stride_r, eps,
         w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
         for blk in range(pid, n_blocks, n_prog):
             rows = blk * ROWS + tl.arange(0, ROWS)
-            mask = _mask(rows, cols, M, N, EVEN_N)
+            mask = tile_mask(rows, cols, M, N, EVEN_N)
             rows64 = rows.to(tl.int64)[:, None]
             x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             if HAS_RES:
@@ -145,7 +147,7 @@ def _rms_norm_bwd_kernel(X, W, DY, RSTD, DX, PART, M, N, stride_x,
         acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
         for blk in range(pid, n_blocks, n_prog):
             rows = blk * ROWS + tl.arange(0, ROWS)
-            mask = _mask(rows, cols, M, N, EVEN_N)
+            mask = tile_mask(rows, cols, M, N, EVEN_N)
             rows64 = rows.to(tl.int64)[:, None]
             x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             dy = tl.load(DY + rows64 * N + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -186,19 +188,19 @@ def _rms_norm_bwd_kernel(X, W, DY, RSTD, DX, PART, M, N, stride_x,
 def forward_config(n: int, dtype: torch.dtype) -> Config:
     """The forward's launch shape for rows of ``n`` elements of ``dtype`` (the input's): the fused
     LayerNorm forward's H200 table (a whole row in one block up to 16384 elements)."""
-    return _ln.forward_config(n, dtype)
+    return layernorm_forward_config(n, dtype)
 
 
 def backward_config(n: int, dtype: torch.dtype) -> Config:
     """The backward's launch shape (see :func:`forward_config`; one block holds up to 8192 elements)."""
-    return _ln.backward_config(n, dtype)
+    return layernorm_backward_config(n, dtype)
 
 
 def _grid(m: int, cfg: Config, device: torch.device) -> tuple[int, int]:
     """(rows per program, programs): no more rows per block than there are rows (batch-1 decoding),
     a few programs per multiprocessor, each looping over row blocks."""
     rows = min(cfg.rows, triton.next_power_of_2(m))
-    return rows, max(1, min(triton.cdiv(m, rows), cfg.programs_per_sm * _sm_count(device)))
+    return rows, max(1, min(triton.cdiv(m, rows), cfg.programs_per_sm * sm_count(device)))
 
 
 # ----------------------------------------------------------------------------------- input checks
@@ -287,7 +289,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     _check_eps(eps)
     if not isinstance(residual, torch.Tensor) or residual.shape != x.shape or residual.dtype != x.dtype:
         raise ValueError(f"residual must be a tensor of x's shape {tuple(x.shape)} and dtype {x.dtype}, got "
-                         f"{tuple(getattr(residual, 'shape', ()))} {getattr(residual, 'dtype', type(residual).__name__)}")
+                         f"{tuple(getattr(residual, 'shape', ()))} "
+                         f"{getattr(residual, 'dtype', type(residual).__name__)}")
     if residual.device != x.device:
         raise ValueError(f"residual is on {residual.device} but x is on {x.device}; they must be on one device")
     total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -326,8 +329,8 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torc
                                       EVEN_N=cfg.block_n == n, HAS_DW=weight_grad, num_warps=cfg.num_warps)
     if weight_grad:  # the LayerNorm's reduction kernel, its first output only (grid of one along k)
         block_c = min(256, triton.next_power_of_2(n))
-        _sum_partials_kernel[(triton.cdiv(n, block_c), 1)](part, dweight, dweight, dweight, programs, n,
-                                                           BLOCK_P=32, BLOCK_C=block_c, num_warps=4)
+        sum_partials_kernel[(triton.cdiv(n, block_c), 1)](part, dweight, dweight, dweight, programs, n,
+                                                          BLOCK_P=32, BLOCK_C=block_c, num_warps=4)
     return dx, dweight
 
 

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .. import device as _device  # noqa: F401  (imported first: sets TRITON_INTERPRET before the kernels below)
 from . import check_triton_device
-from .nf4_gemv import _swiglu
+from .rounding import silu_mul
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK = 1024
@@ -25,7 +25,7 @@ BLOCK = 1024
 def _swiglu_fwd_kernel(G, U, Y, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
-    y = _swiglu(tl.load(G + offs, mask=ok, other=0.0), tl.load(U + offs, mask=ok, other=0.0))
+    y = silu_mul(tl.load(G + offs, mask=ok, other=0.0), tl.load(U + offs, mask=ok, other=0.0))
     tl.store(Y + offs, y, mask=ok)
 
 
