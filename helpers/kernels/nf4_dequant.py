@@ -59,7 +59,8 @@ def _nf4_dequantize_kernel(PACKED, CODE, ABSMAX, NESTED_ABSMAX, NESTED_CODE, OFF
     tl.store(OUT + i, w.to(OUT.dtype.element_ty), mask=i < 2 * n_bytes)
 
 
-def nf4_dequantize(ops: NF4Operands, dtype: torch.dtype = torch.bfloat16, block_bytes: int | None = None) -> torch.Tensor:
+def nf4_dequantize(ops: NF4Operands, dtype: torch.dtype = torch.bfloat16,
+                   block_bytes: int | None = None) -> torch.Tensor:
     """The dense (N, K) weight of :func:`helpers.kernels.nf4_gemv.nf4_operands`' result, in ``dtype``
     (fp16, bf16 or fp32), from one kernel launch; ``block_bytes``: packed bytes a program decodes (a power
     of two; ``BLOCK_BYTES`` on a GPU, ``INTERPRETER_BLOCK_BYTES`` in the interpreter by default)."""
