@@ -13,6 +13,7 @@ import os
 import platform
 import re
 import subprocess
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,15 +150,26 @@ def save(topic: str, records: list[dict], gpus: int = 1) -> Path:
     _check_records(records)
     if not isinstance(gpus, int) or gpus < 1:
         raise ValueError(f"gpus must be a positive integer, got {gpus!r}")
+    if SCALE == "full" and not HAS_CUDA and not os.environ.get("COURSE_RESULTS_DIR"):
+        raise RuntimeError(f"{topic}: a full-scale run on a machine without a GPU would write results/cpu/ beside "
+                           "the GPU results; run at smoke scale (unset COURSE_SCALE) or set COURSE_RESULTS_DIR")
     path = path_for(topic, gpu_slug(count=gpus))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
     payload = {"provenance": provenance(), "records": records}
     if payload["provenance"]["git_commit"] is None and SCALE == "full":
         warnings.warn(f"{path.name}: no git commit recorded (no .git here); set COURSE_GIT_COMMIT to the commit "
                       "whose code ran, so the result can be traced to it", stacklevel=2)
-    tmp.write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(payload, indent=1, allow_nan=False) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # a name no other writer has
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename: a crash leaves the old file or the new one
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 

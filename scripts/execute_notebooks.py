@@ -7,18 +7,48 @@ earlier run's outputs beside this one's. SIGTERM (``timeout``) stops the run and
 
 Each notebook runs in a fresh kernel with its own folder as the working directory, as JupyterLab runs it.
 A failing cell stops that notebook (its error is saved in the notebook) and the script exits 1 after the rest.
+Every save is atomic (a temporary file beside the notebook, flushed to disk, then renamed): a run killed
+mid-save leaves the notebook as it was after the last cell. On a machine without a GPU the script refuses
+to replace a notebook's GPU outputs (a run at full scale) with smoke-scale ones, unless told to
+(``--overwrite-gpu-outputs``).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import nbformat
+import torch
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+
+GPU_RUN_MARK = "scale=full"  # helpers.describe()'s words in a notebook's first output on a GPU
+
+
+def save(nb: nbformat.NotebookNode, path: Path) -> None:
+    """Write ``nb`` to ``path`` atomically: a temporary file in the same folder, fsynced, then renamed."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            nbformat.write(nb, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def has_gpu_outputs(path: Path) -> bool:
+    """Whether the saved notebook's outputs come from a full-scale (GPU) run."""
+    nb = nbformat.read(path, as_version=4)
+    return any(GPU_RUN_MARK in "".join(out.get("text", "")) for cell in nb.cells if cell.cell_type == "code"
+               for out in cell.get("outputs", []))
 
 
 def execute(path: Path, cell_timeout: int | None = None) -> bool:
@@ -27,7 +57,7 @@ def execute(path: Path, cell_timeout: int | None = None) -> bool:
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    nbformat.write(nb, path)
+    save(nb, path)
     client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent.resolve())}})
     start = time.perf_counter()
@@ -36,14 +66,14 @@ def execute(path: Path, cell_timeout: int | None = None) -> bool:
             for index, cell in enumerate(nb.cells):
                 client.execute_cell(cell, index)
                 if cell.cell_type == "code":
-                    nbformat.write(nb, path)
+                    save(nb, path)
                     print(f"{path.name}: cell {index + 1}/{len(nb.cells)} done at {time.perf_counter() - start:.0f} s",
                           flush=True)
     except CellExecutionError as error:
-        nbformat.write(nb, path)
+        save(nb, path)
         print(f"{path.name}: FAILED at {time.perf_counter() - start:.0f} s\n{str(error)[-3000:]}", flush=True)
         return False
-    nbformat.write(nb, path)
+    save(nb, path)
     print(f"{path.name}: every cell ran, {time.perf_counter() - start:.0f} s", flush=True)
     return True
 
@@ -52,7 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="+", type=Path)
     parser.add_argument("--cell-timeout", type=int, help="seconds one cell may take (default: no limit)")
+    parser.add_argument("--overwrite-gpu-outputs", action="store_true",
+                        help="on a machine without a GPU, replace a notebook's GPU outputs all the same")
     args = parser.parse_args(argv)
+    if not torch.cuda.is_available() and not args.overwrite_gpu_outputs:
+        kept = [str(p) for p in args.notebooks if has_gpu_outputs(p)]
+        if kept:
+            parser.error(f"this machine has no GPU, and {', '.join(kept)} hold(s) a GPU run's outputs that a run here "
+                         "would replace with smoke-scale ones; run on a GPU, or pass --overwrite-gpu-outputs")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # unwinds: the kernel is shut down
     ok = [execute(path, args.cell_timeout) for path in args.notebooks]
     return 0 if all(ok) else 1

@@ -2,6 +2,8 @@
 import importlib.util
 
 import nbformat
+import pytest
+import torch
 
 from helpers.results import REPO_ROOT
 
@@ -36,3 +38,37 @@ def test_a_failing_cell_keeps_what_ran_before_it_and_no_older_outputs(tmp_path):
     assert cells[1].outputs[0]["text"].strip() == "before"
     assert cells[2].outputs[0]["ename"] == "ValueError" and not cells[3].outputs
     assert nbformat.read(good, as_version=4).cells[1].outputs[0]["text"].strip() == "still run"
+
+
+def test_a_save_that_dies_midway_leaves_the_last_good_notebook(tmp_path, monkeypatch):
+    path = tmp_path / "nb.ipynb"
+    _notebook(path, "print(1)")
+    before = path.read_bytes()
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="x" * 100_000)]
+
+    def killed(node, f, **kw):  # half of the file written, then the process dies
+        f.write(nbformat.writes(node)[:50_000])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(execute_notebooks.nbformat, "write", killed)
+    with pytest.raises(KeyboardInterrupt):
+        execute_notebooks.save(nb, path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["nb.ipynb"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_gpu_outputs_are_not_replaced_without_a_gpu_unless_asked(tmp_path, capsys):
+    path = tmp_path / "gpu.ipynb"
+    _notebook(path, "print('run')")
+    nb = nbformat.read(path, as_version=4)
+    line = "GPU NVIDIA H200; scale=full; Triton kernels compile for the GPU"
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text=line)]
+    nbformat.write(nb, path)
+    before = path.read_bytes()
+    with pytest.raises(SystemExit) as exit_:
+        execute_notebooks.main([str(path)])
+    assert exit_.value.code == 2 and "--overwrite-gpu-outputs" in capsys.readouterr().err
+    assert path.read_bytes() == before
+    assert execute_notebooks.main([str(path), "--overwrite-gpu-outputs"]) == 0
+    assert nbformat.read(path, as_version=4).cells[1].outputs[0]["text"].strip() == "run"

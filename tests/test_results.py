@@ -72,3 +72,26 @@ def test_smoke_runs_never_write_into_committed_results(monkeypatch):
 def test_provenance_records_versions():
     p = results.provenance()
     assert p["torch"] and p["python"] and p["timestamp"]
+
+
+def test_a_save_that_dies_midway_leaves_the_old_file(tmp_results, monkeypatch):
+    path = results.save("ceilings", [{"gbps": 1.0}])
+    before = path.read_bytes()
+
+    def killed(fd):  # the process dies before the new text reaches the disk
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(results.os, "fsync", killed)
+    with pytest.raises(KeyboardInterrupt):
+        results.save("ceilings", [{"gbps": 2.0}])
+    assert path.read_bytes() == before and [p.name for p in path.parent.iterdir()] == ["ceilings.json"]
+
+
+def test_full_scale_without_a_gpu_is_refused(monkeypatch):
+    if results.HAS_CUDA:
+        pytest.skip("checks the refusal on a machine without a GPU")
+    monkeypatch.delenv("COURSE_RESULTS_DIR", raising=False)
+    monkeypatch.setattr(results, "SCALE", "full")
+    with pytest.raises(RuntimeError, match="results/cpu"):
+        results.save("ceilings", [{"gbps": 1.0}])
+    assert not (results.REPO_ROOT / "results" / "cpu").exists()
