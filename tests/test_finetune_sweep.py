@@ -171,3 +171,62 @@ def test_point_cli_writes_its_records(env, tmp_path):
     [record] = json.loads(out.read_text())
     assert record["status"] == "ok" and record["batch_size"] == 1 and record["max_seq_len"] <= 16
     assert record["measured_at"] and "git_commit" in record  # each point keeps its own provenance
+
+
+class Killed(BaseException):
+    """The process dies here (raised from inside a save)."""
+
+
+def test_a_kill_at_every_save_then_a_resume_loses_no_finished_point(env, monkeypatch):
+    points = sweep.plan(["tiny"], [1, 2, 4], [None], generate=False)
+    save = results.save
+    for kill_at in range(1, 2 * len(points) + 1):  # each point writes the progress file, then the results file
+        store = env["store"].with_name(f"progress-{kill_at}.jsonl")
+        monkeypatch.setenv("COURSE_RESULTS_DIR", str(env["store"].parent / f"results-{kill_at}"))
+        writes = []
+
+        def dying(*a, **k):
+            writes.append(a)
+            if len(writes) == kill_at:
+                raise Killed
+            return save(*a, **k)
+
+        monkeypatch.setattr(results, "save", dying)
+        appended = sweep.Store.add
+
+        def add(self, point, records):  # the progress line is the other write of a point
+            writes.append(point)
+            if len(writes) == kill_at:
+                raise Killed
+            appended(self, point, records)
+
+        monkeypatch.setattr(sweep.Store, "add", add)
+        with pytest.raises(Killed):
+            sweep.run_sweep(points, data_path=env["data"], store_path=store, runner=_fake_runner([]),
+                            progress=False)
+        monkeypatch.setattr(results, "save", save)
+        monkeypatch.setattr(sweep.Store, "add", appended)
+        finished = {json.loads(line)["point"] for line in store.read_text().splitlines()} if store.exists() else set()
+        calls = []
+        sweep.run_sweep(points, data_path=env["data"], store_path=store, runner=_fake_runner(calls), progress=False)
+        assert not finished & set(calls), kill_at  # a finished point is not run again
+        saved = results.load("finetune", scale=results.SCALE).records
+        assert sorted(r["point"] for r in saved) == sorted(p.key() for p in points), kill_at
+
+
+def test_a_point_killed_between_its_two_writes_reaches_the_results_file(env):
+    points = sweep.plan(["tiny"], [1, 2], [None], generate=False)
+    sweep.run_sweep(points, data_path=env["data"], store_path=env["store"], runner=_fake_runner([]), progress=False)
+    path = results.path_for("finetune")
+    payload = json.loads(path.read_text())
+    payload["records"] = payload["records"][:1]  # the last point's progress line written, its results not
+    path.write_text(json.dumps(payload))
+    calls = []
+    sweep.run_sweep(points, data_path=env["data"], store_path=env["store"], runner=_fake_runner(calls), progress=False)
+    assert calls == [] and len(results.load("finetune", scale=results.SCALE).records) == 2
+    path.unlink()  # the results folder deleted: the progress file is enough
+    assert len(sweep.Store(env["store"]).records()) == 2 and path.exists()
+
+
+def test_the_progress_file_moves_with_the_results(env):
+    assert sweep.default_store().parent == env["store"].parent / "results" / "finetune-progress"

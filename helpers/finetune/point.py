@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..children import die_with_parent
 from .data import TokenizedData, make_batches
 from .generate import run_generate
 from .lora import LoraSettings, attach_lora, check_checkpointing
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", required=True, type=Path, help="tokenized data written by data.prepare().save()")
     parser.add_argument("--out", required=True, type=Path, help="where to write the records (JSON list)")
     args = parser.parse_args(argv)
+    die_with_parent()  # a sweep killed outright takes its point with it
     records = run_point(PointSpec.from_json(args.spec), args.data)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(records))

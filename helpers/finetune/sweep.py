@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import queue
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from .. import results
+from .. import children, results
 from ..device import HAS_CUDA, SCALE
 from .data import TokenizedData, prepare
 from .memory_caps import GiB
@@ -133,7 +132,7 @@ def subprocess_runner(spec: PointSpec, data_path: Path, gpu: str | None = None) 
         out = Path(tmp) / "records.json"
         cmd = [sys.executable, "-m", "helpers.finetune.point", "--spec", spec.to_json(), "--data", str(data_path),
                "--out", str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=results.REPO_ROOT, env=env)
+        proc = children.run(cmd, cwd=results.REPO_ROOT, env=env)  # dies with this process
         if proc.returncode != 0 or not out.exists():
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
             raise RuntimeError(f"point {spec.key()} failed (exit {proc.returncode}):\n{tail}")
@@ -141,8 +140,11 @@ def subprocess_runner(spec: PointSpec, data_path: Path, gpu: str | None = None) 
 
 
 def default_store() -> Path:
-    """The progress file: git-ignored, one per scale and GPU."""
-    return results.REPO_ROOT / "build" / "finetune-progress" / f"{SCALE}-{results.gpu_slug()}.jsonl"
+    """The progress file, one per scale and GPU: git-ignored under ``build/``, or beside the results where
+    ``COURSE_RESULTS_DIR`` moves them (so that the two never come from different places)."""
+    moved = os.environ.get("COURSE_RESULTS_DIR")
+    root = Path(moved) if moved else results.REPO_ROOT / "build"
+    return root / "finetune-progress" / f"{SCALE}-{results.gpu_slug()}.jsonl"
 
 
 class Store:
@@ -156,6 +158,7 @@ class Store:
                 self.done.setdefault(record["point"], []).append(record)
         except FileNotFoundError:
             pass
+        in_results = dict(self.done)
         if self.path.exists():
             for line in self.path.read_text().splitlines():
                 if line.strip():
@@ -164,8 +167,9 @@ class Store:
                     except json.JSONDecodeError:  # a line cut short by a kill: that point did not finish
                         continue
                     self.done[entry["point"]] = entry["records"]
-
         self.lock = threading.Lock()
+        if any(in_results.get(point) != recs for point, recs in self.done.items()):
+            results.save(TOPIC, self.records())  # a run killed between its two writes: the results file catches up
 
     def add(self, point: str, records: list[dict]) -> None:
         """Append a finished point to the progress file and rewrite the results file (thread-safe)."""

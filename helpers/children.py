@@ -1,0 +1,55 @@
+"""Child processes that never outlive the run that started them.
+
+A long run (the fine-tuning sweep) starts each point in a child process. If the parent is killed
+(SIGKILL, a lost session), an orphaned child would go on holding the GPU, and a resumed run would start
+the same point beside it. So each child runs in its own process group (``run``), killed as a group when
+the parent stops on an exception, and asks Linux to kill it when its parent dies (``die_with_parent``,
+called first thing in the child; the parent's pid travels in ``PARENT_PID``).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+
+PARENT_PID = "COURSE_PARENT_PID"
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)`` in a process group of its own,
+    killed whole if this process stops while it runs (an exception, KeyboardInterrupt, SIGTERM turned into
+    SystemExit); ``env`` gets ``PARENT_PID`` so that the child can call :func:`die_with_parent`."""
+    env = {**kwargs.pop("env", os.environ), PARENT_PID: str(os.getpid())}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True, **kwargs)
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        kill_group(proc)
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc``'s process group (itself and whatever it started), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def die_with_parent() -> None:
+    """In a child started by :func:`run`: be killed by Linux when the parent dies (``PR_SET_PDEATHSIG``),
+    and exit now if it already has. Does nothing elsewhere (no ``PARENT_PID``, or not Linux)."""
+    parent = os.environ.get(PARENT_PID)
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != int(parent):  # the parent died before the request took hold
+        os._exit(1)
