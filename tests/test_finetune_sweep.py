@@ -230,3 +230,14 @@ def test_a_point_killed_between_its_two_writes_reaches_the_results_file(env):
 
 def test_the_progress_file_moves_with_the_results(env):
     assert sweep.default_store().parent == env["store"].parent / "results" / "finetune-progress"
+
+
+def test_the_command_line_follows_the_scale():
+    args = sweep.cli().parse_args([])
+    if results.SCALE == "smoke":  # notebook 06's smoke plan
+        assert args.models == ["tiny"] and args.caps == ["0.15"] and args.new_tokens == [4, 8]
+    else:
+        assert args.models == ["7b", "13b", "70b"] and args.new_tokens == list(sweep.NEW_TOKENS)
+    assert "tiny" in sweep.cli().format_help()
+    with pytest.raises(SystemExit):
+        sweep.cli().parse_args(["--models", "8b"])

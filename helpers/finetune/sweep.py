@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from .. import children, results
-from ..device import HAS_CUDA, SCALE
+from ..device import HAS_CUDA, SCALE, pick
 from .data import TokenizedData, prepare
 from .memory_caps import GiB
+from .models import MODELS
 from .spec import PointSpec
 
 TOPIC = "finetune"
@@ -286,23 +287,33 @@ def pending(points: list[PointSpec], store_path: Path | None = None) -> list[Poi
     return [p for p in points if p.key() not in done]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Run (or resume) the QLoRA fine-tuning sweep.")
+def cli() -> argparse.ArgumentParser:
+    """The sweep's command line; its defaults follow the scale (notebook 06's plan at each)."""
+    parser = argparse.ArgumentParser(description=f"Run (or resume) the QLoRA fine-tuning sweep (scale {SCALE}: "
+                                     "defaults to " + pick(full="the Llama-2 models", smoke="the tiny Llama") + ").")
     parser.add_argument("--full-plan", action="store_true", help="the notebook's whole sweep (other options ignored)")
-    parser.add_argument("--models", nargs="+", default=["7b", "13b", "70b"])
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=list(BATCH_SIZES))
-    parser.add_argument("--caps", nargs="+", default=["none", "40", "48"], help="GiB, or 'none' for the whole card")
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=pick(full=["7b", "13b", "70b"],
+                                                                                   smoke=["tiny"]))
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=pick(full=list(BATCH_SIZES), smoke=[1, 2, 4]))
+    parser.add_argument("--caps", nargs="+", default=pick(full=["none", "40", "48"], smoke=["0.15"]),
+                        help="GiB, or 'none' for the whole card")
     parser.add_argument("--lora-r", type=int, default=16)
-    parser.add_argument("--attn", default="eager")
-    parser.add_argument("--max-len", type=int, default=SEED_MAX_LEN, help="0: no truncation")
+    parser.add_argument("--attn", default=pick(full="eager", smoke="sdpa"))
+    parser.add_argument("--max-len", type=int, default=pick(full=SEED_MAX_LEN, smoke=128), help="0: no truncation")
+    parser.add_argument("--new-tokens", nargs="+", type=int, default=pick(full=list(NEW_TOKENS), smoke=[4, 8]),
+                        help="generation lengths of the generate points")
     parser.add_argument("--no-generate", action="store_true")
     parser.add_argument("--budget-s", type=float, default=None, help="start no new point after this many seconds")
     parser.add_argument("--gpus", nargs="+", default=None, help="GPU ids to run on, one point on each at a time")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = cli().parse_args(argv)
     caps = [None if c == "none" else float(c) for c in args.caps]
     points = full_plan() if args.full_plan else plan(
         args.models, args.batch_sizes, caps, generate=not args.no_generate, lora_r=args.lora_r, attn=args.attn,
-        max_len=args.max_len or None)
+        max_len=args.max_len or None, new_tokens=tuple(args.new_tokens))
     records = run_sweep(points, budget_s=args.budget_s, gpus=args.gpus)
     left = pending(points)
     print(f"{len(records)} records saved to {results.path_for(TOPIC)}; {len(left)} of {len(points)} points left")
