@@ -27,11 +27,15 @@ import torch
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
+from helpers.notebook_files import clean_metadata
+
 GPU_RUN_MARK = "scale=full"  # helpers.describe()'s words in a notebook's first output on a GPU
 
 
 def save(nb: nbformat.NotebookNode, path: Path) -> None:
-    """Write ``nb`` to ``path`` atomically: a temporary file in the same folder, fsynced, then renamed."""
+    """Write ``nb`` to ``path`` atomically (a temporary file in the same folder, fsynced, then renamed), its
+    metadata cleaned (``helpers.notebook_files``)."""
+    clean_metadata(nb)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import device, results  # noqa: E402
+from helpers import device, results
 
 TOPIC = "gpu_tests"
 

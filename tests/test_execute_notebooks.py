@@ -5,6 +5,7 @@ import nbformat
 import pytest
 import torch
 
+from helpers.notebook_files import KERNELSPEC
 from helpers.results import REPO_ROOT
 
 spec = importlib.util.spec_from_file_location("execute_notebooks", REPO_ROOT / "scripts" / "execute_notebooks.py")
@@ -22,8 +23,10 @@ def test_runs_in_the_notebooks_folder_and_saves_outputs(tmp_path):
     good = tmp_path / "good.ipynb"
     _notebook(good, "import os\nprint(os.getcwd())", "print(6 * 7)")
     assert execute_notebooks.main([str(good)]) == 0
-    cells = nbformat.read(good, as_version=4).cells
+    saved = nbformat.read(good, as_version=4)
+    cells = saved.cells
     assert cells[1].outputs[0]["text"].strip() == str(tmp_path) and cells[2].outputs[0]["text"].strip() == "42"
+    assert saved.metadata == {"kernelspec": KERNELSPEC, "language_info": {"name": "python"}}  # no Python version
 
 
 def test_a_failing_cell_keeps_what_ran_before_it_and_no_older_outputs(tmp_path):
