@@ -36,6 +36,18 @@ parse_args "$@"
 # kernel modules, its default since R560 for Turing and newer (and the only choice on
 # Blackwell). On Volta or older use NVIDIA_DRIVER_PACKAGE=nvidia-driver-580-server.
 DRIVER_PKG="${NVIDIA_DRIVER_PACKAGE:-nvidia-driver-580-server-open}"
+if ! [[ "$DRIVER_PKG" =~ ^nvidia-driver-[0-9]+(-server)?(-open)?$ ]]; then
+  die "NVIDIA_DRIVER_PACKAGE='$DRIVER_PKG' is not a driver package name such as nvidia-driver-580," \
+      "nvidia-driver-580-open or nvidia-driver-580-server-open"
+fi
+nvidia_gpu_present || die "no NVIDIA GPU on this machine's PCI bus: there is nothing for the driver to drive"
+# Secure Boot refuses kernel modules it cannot verify: a driver built here by DKMS must be signed with a
+# key enrolled at the next boot (the package asks for a password and the firmware for it once).
+if command -v mokutil >/dev/null 2>&1 && mokutil --sb-state 2>/dev/null | grep -q "SecureBoot enabled"; then
+  echo "WARNING: Secure Boot is on: the driver's kernel module must be signed. If the install asks for a" \
+       "password, choose one and enter it at the blue 'Enroll MOK' screen after the reboot, or the driver" \
+       "will not load (nvidia-smi: no devices). Or turn Secure Boot off in the VM's firmware settings." >&2
+fi
 # nvitop: pip refuses system-wide installs on Ubuntu 24.04 (PEP 668), and pipx (1.4 on
 # 24.04) puts apps in root's home only, so it gets a venv of its own plus a symlink.
 NVITOP_SPEC="${NVITOP_SPEC:-nvitop}"

@@ -1,8 +1,9 @@
 """Tests of the VM setup scripts apt.sh and nvidia-drivers-install.sh.
 
-No root, no network, no GPU: every external command the scripts call (apt-get,
-dpkg-query, linux-version, uname, id, nvidia-smi, python3, pip) is a stub placed first
-on PATH that appends its argv to a log, and ROOT=<tmp dir> roots every path written.
+No root, no network, no GPU: every external command the scripts call (apt-get, apt-cache,
+dpkg-query, linux-version, uname, id, nvidia-smi, mokutil, python3, pip) is a stub placed first
+on PATH that appends its argv to a log, and ROOT=<tmp dir> roots every path written. The
+preflight reads an os-release file and a PCI device list made here (Ubuntu 24.04, one NVIDIA GPU).
 """
 
 from __future__ import annotations
@@ -27,11 +28,17 @@ APT_PACKAGES = ["apt-transport-https", "ca-certificates", "curl",
                 "software-properties-common", "pwgen", "python3-venv",
                 "python3-pip", "git", "build-essential"]
 # Commands that only look at the system; anything else is a change.
-READ_ONLY = {"dpkg-query", "dpkg", "linux-version", "uname", "id", "nvidia-smi"}
+READ_ONLY = {"dpkg-query", "dpkg", "linux-version", "uname", "id", "nvidia-smi", "apt-cache", "mokutil"}
 
 LOG = 'echo "$(basename "$0") $*" >>"$STUB_LOG"\n'
 STUBS = {
-    "apt-get": LOG,
+    # `apt-get update` fails when STUB_UPDATE_RC says so.
+    "apt-get": LOG + 'if [ "$1" = update ]; then exit "${STUB_UPDATE_RC:-0}"; fi\n',
+    # Every package is known to the package lists except those in $STUB_UNKNOWN.
+    "apt-cache": LOG + """case " ${STUB_UNKNOWN:-} " in *" ${!#} "*) exit 100 ;; esac
+""",
+    "mokutil": LOG + 'if [ "${STUB_SECURE_BOOT:-0}" = 1 ]; then echo "SecureBoot enabled"; '
+                     'else echo "SecureBoot disabled"; fi\n',
     "dpkg": LOG,
     # Installed packages are those listed in $STUB_INSTALLED (space separated).
     "dpkg-query": LOG + """pkg="${!#}"
@@ -68,6 +75,12 @@ class Env:
         self.log = tmp_path / "calls.log"
         self.bin.mkdir()
         self.root.mkdir()
+        self.os_release = tmp_path / "os-release"
+        self.os_release.write_text('NAME="Ubuntu"\nVERSION_ID="24.04"\nID=ubuntu\n')
+        self.pci = tmp_path / "pci"
+        for device, vendor in (("0000:00:01.0", "0x8086"), ("0000:17:00.0", "0x10de")):
+            (self.pci / device).mkdir(parents=True)
+            (self.pci / device / "vendor").write_text(vendor + "\n")
         for name, body in STUBS.items():
             path = self.bin / name
             path.write_text("#!/usr/bin/env bash\n" + body)
@@ -80,6 +93,7 @@ class Env:
                 if k not in {"ROOT", "SKIP_ROOT_CHECK", "NVIDIA_DRIVER_PACKAGE", "NVITOP_SPEC"}}
         full.update(PATH=f"{self.bin}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
                     ROOT=str(self.root), STUB_LOG=str(self.log), LC_ALL="C",
+                    OS_RELEASE_FILE=str(self.os_release), PCI_DEVICES_DIR=str(self.pci),
                     STUB_INSTALLED=" ".join(self.installed))
         full.update(env)
         return subprocess.run(["bash", str(script), *args], env=full, capture_output=True,
@@ -305,3 +319,51 @@ def test_drivers_real_run_then_second_run_changes_nothing(env: Env) -> None:
 
 def calls_of(calls: list[list[str]], name: str) -> list[list[str]]:
     return [c for c in calls if c[0] == name]
+
+
+# --- preflight: checks before anything changes -------------------------------------------
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "real"])
+def test_another_os_stops_before_anything(env: Env, script: Path, dry: bool) -> None:
+    env.os_release.write_text('PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n')
+    proc = env.run(script, *(["--dry-run"] if dry else []), SKIP_ROOT_CHECK="1")
+    assert proc.returncode != 0 and "Ubuntu 22.04 or 24.04" in proc.stderr and "debian 12" in proc.stderr
+    assert_changed_nothing(env)
+
+
+def test_a_garbage_driver_package_is_named_and_refused_first(env: Env) -> None:
+    proc = env.run(DRIVERS_SH, "--dry-run", NVIDIA_DRIVER_PACKAGE="nvidia; rm -rf /")
+    assert proc.returncode != 0 and "NVIDIA_DRIVER_PACKAGE='nvidia; rm -rf /'" in proc.stderr
+    assert not [c for c in env.calls() if c[0] == "apt-get"]  # refused before any plan is printed
+    assert_changed_nothing(env)
+
+
+def test_no_nvidia_gpu_is_refused(env: Env) -> None:
+    shutil.rmtree(env.pci / "0000:17:00.0")
+    proc = env.run(DRIVERS_SH, "--dry-run")
+    assert proc.returncode != 0 and "no NVIDIA GPU" in proc.stderr
+    assert_changed_nothing(env)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_a_package_the_lists_do_not_know_fails_the_dry_run(env: Env, script: Path) -> None:
+    unknown = "pwgen" if script == APT_SH else DEFAULT_DRIVER
+    proc = env.run(script, "--dry-run", STUB_UNKNOWN=unknown)
+    assert proc.returncode != 0 and f"no package '{unknown}'" in proc.stderr
+    assert "Done" not in proc.stdout and "done" not in proc.stdout
+    assert_changed_nothing(env)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_a_failing_apt_get_update_stops_the_run(env: Env, script: Path) -> None:
+    proc = env.run(script, SKIP_ROOT_CHECK="1", STUB_UPDATE_RC="100")
+    assert proc.returncode != 0 and "apt-get update failed" in proc.stderr
+    assert not [c for c in env.calls() if c[:2] == ["apt-get", "install"]]
+    assert "reboot" not in proc.stdout.lower().splitlines()[-1] and "done" not in proc.stdout.lower()
+
+
+def test_secure_boot_is_warned_about(env: Env) -> None:
+    out = env.run(DRIVERS_SH, "--dry-run", STUB_SECURE_BOOT="1")
+    assert out.returncode == 0 and "Secure Boot is on" in out.stderr and "Enroll MOK" in out.stderr
+    assert "Secure Boot" not in env.run(DRIVERS_SH, "--dry-run").stderr
