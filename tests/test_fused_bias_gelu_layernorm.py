@@ -18,17 +18,12 @@ from helpers.chain import eager_chain, reference64
 from helpers.results import REPO_ROOT
 from helpers.kernels import fused_bias_gelu_layernorm as K
 from helpers.kernels.vector_add import vector_add
+from numerics import rel_err
 
 DEV = helpers.DEVICE
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if helpers.HAS_CUDA else [])
 # relative error (norm) of a result stored in the dtype, against float64
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-
-
-def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    a, ref = a.detach().to("cpu", torch.float64), ref.detach().to("cpu", torch.float64)
-    assert not torch.isnan(a).any(), "NaN in the result (an element left unwritten?)"
-    return ((a - ref).norm() / ref.norm()).item()
 
 
 def inputs(m, n, dtype, affine=True, seed=None):

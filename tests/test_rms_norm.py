@@ -10,6 +10,7 @@ import torch
 
 import helpers  # first: without a GPU it switches Triton to its interpreter before transformers imports Triton
 from helpers.kernels import rms_norm as K
+from numerics import rel_err
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 DEV = helpers.DEVICE
@@ -21,15 +22,8 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2 if helpers
 EPS = 1e-6
 
 
-def rel_err(a: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = None) -> float:
-    """norm(a - ref) / norm(scale), the scale being ref unless given."""
-    a = a.detach().to("cpu", torch.float64)
-    assert not torch.isnan(a).any(), "NaN in the result (an element left unwritten?)"
-    return ((a - ref.detach().to("cpu", torch.float64)).norm() / (ref if scale is None else scale).norm()).item()
-
-
 def randn(*shape, dtype=torch.float32):
-    """Fresh random values on the test device (a new draw on every run)."""
+    """Random values on the test device (from the test's seed, tests/conftest.py)."""
     return torch.randn(*shape).to(DEV, dtype)
 
 
