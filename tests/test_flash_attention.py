@@ -1,7 +1,9 @@
 import pytest
 import torch
 
-from helpers import HAS_CUDA
+from helpers import HAS_CUDA  # first: without a GPU it switches Triton to its interpreter before triton is imported
+import triton
+from helpers.kernels import flash_attention as FA
 from helpers.kernels.flash_attention import attention_reference, flash_attention
 from numerics import rel_err
 
@@ -21,9 +23,8 @@ CASES = [  # B, H, H_kv, S_q, S_k, D, causal
 ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("B,H,HKV,SQ,SK,D,causal", CASES)
-def test_forward_and_backward_match_float64(poisoned, dtype, B, H, HKV, SQ, SK, D, causal):
+def check_against_float64(B, H, HKV, SQ, SK, D, causal, dtype):
+    """flash_attention's output and gradients against attention_reference in float64."""
     q = torch.randn(B, H, SQ, D, device=DEVICE, dtype=dtype, requires_grad=True)
     k = torch.randn(B, HKV, SK, D, device=DEVICE, dtype=dtype, requires_grad=True)
     v = torch.randn(B, HKV, SK, D, device=DEVICE, dtype=dtype, requires_grad=True)
@@ -40,6 +41,41 @@ def test_forward_and_backward_match_float64(poisoned, dtype, B, H, HKV, SQ, SK, 
     for name, got, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
         assert torch.isfinite(got).all(), name
         assert rel_err(got, want) < tol, name
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("B,H,HKV,SQ,SK,D,causal", CASES)
+def test_forward_and_backward_match_float64(poisoned, dtype, B, H, HKV, SQ, SK, D, causal):
+    check_against_float64(B, H, HKV, SQ, SK, D, causal, dtype)
+
+
+# The interpreter's one launch shape has square tiles (16 x 16), the GPU's tables do not (128 x 64, 32 x 128): a
+# bound computed with BLOCK_N where BLOCK_M belongs (or the reverse) is right only for square tiles. These
+# launch shapes, set as the autotuner's only config (one config: no timing, it is taken as it is), have each
+# side the longer one; the lengths are off every tile size.
+TILES = [(32, 16), (16, 32)]
+UNEQUAL_TILE_CASES = [  # B, H, H_kv, S_q, S_k, D, causal
+    (1, 2, 2, 45, 45, 64, True),
+    (1, 2, 1, 40, 77, 64, True),    # GQA, causal aligned bottom-right, S_k - S_q off every tile size
+    (1, 2, 2, 50, 37, 64, False),   # more queries than keys
+    (1, 2, 2, 23, 71, 64, False),
+]
+
+
+@pytest.fixture
+def tiles(request, monkeypatch):
+    """Every FlashAttention kernel launched with the (BLOCK_M, BLOCK_N) of the test's parameter."""
+    block_m, block_n = request.param
+    configs = [triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n})]
+    for kernel in (FA._fwd_kernel, FA._bwd_dkdv_kernel, FA._bwd_dq_kernel):
+        monkeypatch.setattr(kernel, "configs", configs)
+    return block_m, block_n
+
+
+@pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"BLOCK_M{t[0]}-BLOCK_N{t[1]}", indirect=True)
+@pytest.mark.parametrize("B,H,HKV,SQ,SK,D,causal", UNEQUAL_TILE_CASES)
+def test_unequal_tiles_forward_and_backward(poisoned, tiles, B, H, HKV, SQ, SK, D, causal):
+    check_against_float64(B, H, HKV, SQ, SK, D, causal, DTYPES[0])
 
 
 def test_reference_agrees_with_sdpa_where_conventions_meet():
