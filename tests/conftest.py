@@ -55,6 +55,47 @@ def poisoned(monkeypatch):
 
 
 
+@pytest.fixture
+def program_order(monkeypatch):
+    """A function that sets the order in which Triton's interpreter runs the programs of each launch after it:
+    ``"grid"`` (the interpreter's own: one program after another, in grid order), ``"reversed"`` or
+    ``"shuffled"`` (a permutation per launch, from the test's seed). A GPU runs programs in any order, so a
+    kernel whose programs depend on each other (an atomic ticket that elects the last one) is right only if
+    it is right in every order. Without the interpreter the function does nothing: the GPU picks the order."""
+    import helpers  # here, not above: helpers switches Triton to its interpreter before triton is first imported
+
+    state = {"order": "grid", "perm": None, "next": 0}
+
+    def choose(order: str) -> None:
+        if order not in ("grid", "reversed", "shuffled"):
+            raise ValueError(f"order must be 'grid', 'reversed' or 'shuffled', got {order!r}")
+        state["order"] = order
+
+    if not helpers.INTERPRET:
+        return choose
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder  # the interpreter sets the grid, then each program's index, on it
+    set_grid_dim, set_grid_idx = builder.set_grid_dim, builder.set_grid_idx
+
+    def grid_dim(nx, ny, nz):
+        set_grid_dim(nx, ny, nz)
+        n, order = nx * ny * nz, state["order"]
+        perm = None if order == "grid" else range(n - 1, -1, -1) if order == "reversed" else torch.randperm(n).tolist()
+        state.update(perm=perm, next=0)
+
+    def grid_idx(x, y, z):
+        if state["perm"] is not None:  # the interpreter's i-th program in grid order runs program perm[i]
+            _, ny, nz = builder.grid_dim
+            i = state["perm"][state["next"]]
+            state["next"] += 1
+            x, y, z = i // (ny * nz), i // nz % ny, i % nz
+        set_grid_idx(x, y, z)
+
+    monkeypatch.setattr(builder, "set_grid_dim", grid_dim)
+    monkeypatch.setattr(builder, "set_grid_idx", grid_idx)
+    return choose
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` are skipped on a machine without CUDA (``pytest -m gpu`` runs them on a GPU)."""
     if torch.cuda.is_available():
