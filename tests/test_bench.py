@@ -88,7 +88,7 @@ def test_time_in_graph_runs_every_call_and_times_per_call():
         bench.time_in_graph([call(0)], reps=0)
 
 
-@pytest.mark.skipif(not bench.HAS_CUDA, reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 def test_time_in_graph_times_device_work_per_call():
     src = [torch.randn(2**26, device="cuda") for _ in range(3)]  # 256 MB each: past any L2
     dst = [torch.empty_like(s) for s in src]

@@ -21,7 +21,7 @@ from helpers.kernels.vector_add import vector_add
 from numerics import rel_err
 
 DEV = helpers.DEVICE
-DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if helpers.HAS_CUDA else [])
+DTYPES = [torch.float32, torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)]  # bf16: on a GPU
 # relative error (norm) of a result stored in the dtype, against float64
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 

@@ -8,7 +8,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from helpers.kernels.rotary import rotary
 
 DEV = helpers.DEVICE
-DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if helpers.HAS_CUDA else [])
+DTYPES = [torch.float32, torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)]  # bf16: on a GPU
 TOL = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
