@@ -205,6 +205,33 @@ def test_backward_of_each_exact_gelu(gelu, poisoned):
         assert rel_err(g, ref) < 1e-5, name
 
 
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("gelu,approximate", [("erf_fast", "none"), ("erf_exp2", "none"), ("erf_fp32", "none"),
+                                              ("tanh", "tanh")])
+def test_compiled_ptx_gelu_matches_float64(gelu, approximate):
+    """On a GPU _exp2 and _rcp are single PTX instructions (ex2.approx.ftz, rcp.approx.ftz), which the interpreter
+    never runs (it takes tl.exp2 and a division): the compiled GELU of every mode that uses them, on the dense sweep
+    against float64 within the mode's promise, and through the backward (GELU's derivative) against float64
+    autograd. A wrong instruction in the PTX (lg2 for ex2, say) fails here and nowhere on a CPU."""
+    assert K.FAST_ASM, "compiled for the GPU, the kernels take the PTX forms"
+    v = _dense_sweep()
+    g, _, _ = K.forward(v.view(-1, 4096).to(DEV), torch.zeros(4096, device=DEV), gelu=gelu, layernorm=False)
+    exact = F.gelu(v.double(), approximate=approximate)
+    err = (g.double().cpu().flatten() - exact).abs()
+    if gelu == "erf_fp32":
+        bound = K.FP32_GELU_ABS * exact.abs().clamp(min=1)
+    else:  # the fast forms' promise (tanh: its fp32 formula, far inside it)
+        bound = torch.clamp(K.FAST_GELU_REL * exact.abs(), min=K.FAST_GELU_ABS)
+    assert (err <= bound).all(), f"{gelu}: worst at v = {v[(err / bound).argmax()].item()}"
+    x, b, w, lb = inputs(7, 1000, torch.float32)
+    dy = torch.randn_like(x)
+    _, mean, rstd = K.forward(x, b, w, lb, gelu=gelu)
+    for name, got, ref in zip(("dx", "dbias", "dweight", "dln_bias"), K.backward(dy, x, b, w, mean, rstd, gelu=gelu),
+                              grads64(x, b, w, lb, dy, approximate)):
+        assert rel_err(got, ref) < 1e-5, name
+
+
 def test_module_is_a_drop_in(poisoned):
     n = 1000
     ours = K.FusedBiasGeluLayerNorm(n, device=DEV)
