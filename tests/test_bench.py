@@ -43,19 +43,35 @@ def test_cuda_timer_without_gpu_is_a_clear_error():
         bench.time_fn(lambda: None, device="cuda")
 
 
-def test_copy_ceiling_record():
-    rec = bench.copy_bandwidth(2**20)
-    assert rec["what"] == "copy" and rec["bytes"] == 2**20
-    assert rec["gbps"] > 0 and rec["ms"] > 0
+def fixed_timer(ms: float, seen: list):
+    """A stand-in for bench.time_fn: runs fn once, notes the fp32 matmul precision in force, takes ``ms``."""
+    def time_fn(fn, **kwargs):
+        fn()
+        seen.append(torch.get_float32_matmul_precision())
+        return bench.Timing(ms=ms, ms_p20=ms, ms_p80=ms, reps=1, timer="fixed")
+    return time_fn
+
+
+def test_copy_ceiling_record(monkeypatch):
+    rec = bench.copy_bandwidth(2**20)  # timed for real: the record's shape
+    assert rec["what"] == "copy" and rec["bytes"] == 2**20 and rec["gbps"] > 0 and rec["ms"] > 0
+    monkeypatch.setattr(bench, "time_fn", fixed_timer(0.5, []))
+    rec = bench.copy_bandwidth(2**20)  # a copy reads and writes each byte: 2 MiB in 0.5 ms
+    assert rec["ms"] == 0.5 and rec["gbps"] == pytest.approx(2 * 2**20 / 0.5e-3 / 1e9)
     with pytest.raises(ValueError):
         bench.copy_bandwidth(3)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32", "tf32"])
-def test_matmul_ceiling_record(dtype):
-    rec = bench.matmul_tflops(dtype, n=64)
+def test_matmul_ceiling_record(dtype, monkeypatch):
+    rec = bench.matmul_tflops(dtype, n=64)  # timed for real: the record's shape
     assert rec == {**rec, "what": "matmul", "dtype": dtype, "n": 64}
     assert rec["tflops"] > 0
+    seen = []
+    monkeypatch.setattr(bench, "time_fn", fixed_timer(2.0, seen))
+    rec = bench.matmul_tflops(dtype, n=64)  # 2 n^3 FLOP in 2 ms
+    assert rec["ms"] == 2.0 and rec["tflops"] == pytest.approx(2 * 64**3 / 2e-3 / 1e12)
+    assert seen == ["high" if dtype == "tf32" else "highest"]  # TF32 allowed only while "tf32" is timed
     assert torch.get_float32_matmul_precision() == "highest"  # restored
 
 
