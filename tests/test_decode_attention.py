@@ -11,7 +11,8 @@ from helpers.kernels.decode_attention import decode_attention
 from numerics import rel_err
 
 DEV = helpers.DEVICE
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+TOL = {torch.float32: 2e-6,  # fp32: about 10x the largest error measured in the interpreter (2.1e-7)
+       torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 def reference(q, k_cache, v_cache, pos):

@@ -112,7 +112,7 @@ def test_dial_matches_float64(k, n):
     ref = intensity_dial.dial_reference(x, k, a, b)
     assert not torch.isnan(out).any()
     err = (out.double().cpu() - ref).norm() / ref.norm()
-    assert err < 1e-6 * max(k, 1), err
+    assert err < 5e-7 * max(k, 1), err  # about 10x the largest measured (5e-8 a step)
 
 
 def test_dial_two_dimensional_and_default_out():

@@ -19,8 +19,8 @@ from numerics import rel_err
 
 DEV = helpers.DEVICE
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-# relative error (norm) of a result stored in the dtype, against float64
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
+# relative error (norm) of a result stored in the dtype, against float64 (fp32: about 10x the largest measured, 6.2e-7)
+TOL = {torch.float32: 6e-6, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
 
 
 def quantize(n, k, nested=True, storage=torch.uint8, blocksize=64, quant_type="nf4", seed=0):
