@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from helpers import HAS_CUDA
+from helpers import HAS_CUDA, attention_bench, bench
 from helpers.attention_bench import attention_flops, implementation, make_inputs, measure
 
 
@@ -28,12 +28,23 @@ def test_triton_and_naive_agree():
 
 
 @pytest.mark.parametrize("pass_", ["fwd", "fwd+bwd"])
-def test_measure_record(pass_):
+def test_measure_record(pass_, monkeypatch):
     dtype = torch.float16 if HAS_CUDA else torch.float32
     r = measure("naive", 1, 2, 32, 64, False, dtype, pass_, warmup_ms=0, rep_ms=1, min_reps=2)
     assert r["status"] == "ok" and r["ms"] > 0 and r["tflops"] > 0
     assert {k: r[k] for k in ("impl", "pass", "B", "H", "H_kv", "S", "D", "causal")} == \
         {"impl": "naive", "pass": pass_, "B": 1, "H": 2, "H_kv": 2, "S": 32, "D": 64, "causal": False}
+    runs = []
+
+    def two_ms(fn, **kwargs):  # the step runs; its time is set
+        runs.append(fn())
+        return bench.Timing(ms=2.0, ms_p20=2.0, ms_p80=2.0, reps=1, timer="fixed")
+
+    monkeypatch.setattr(attention_bench, "time_fn", two_ms)
+    r = measure("naive", 1, 2, 32, 64, False, dtype, pass_)
+    # the forward's two S x S x D products, 2 FLOP a multiply-add: 4 B H S^2 D; the backward's five more: 3.5 x
+    flops = 4 * 1 * 2 * 32 * 32 * 64 * (3.5 if pass_ == "fwd+bwd" else 1)
+    assert len(runs) == 1 and r["ms"] == 2.0 and r["tflops"] == pytest.approx(flops / 2e-3 / 1e12)
 
 
 def test_measure_refuses_a_backward_it_cannot_time_alone():

@@ -43,19 +43,35 @@ def test_cuda_timer_without_gpu_is_a_clear_error():
         bench.time_fn(lambda: None, device="cuda")
 
 
-def test_copy_ceiling_record():
-    rec = bench.copy_bandwidth(2**20)
-    assert rec["what"] == "copy" and rec["bytes"] == 2**20
-    assert rec["gbps"] > 0 and rec["ms"] > 0
+def fixed_timer(ms: float, seen: list):
+    """A stand-in for bench.time_fn: runs fn once, notes the fp32 matmul precision in force, takes ``ms``."""
+    def time_fn(fn, **kwargs):
+        fn()
+        seen.append(torch.get_float32_matmul_precision())
+        return bench.Timing(ms=ms, ms_p20=ms, ms_p80=ms, reps=1, timer="fixed")
+    return time_fn
+
+
+def test_copy_ceiling_record(monkeypatch):
+    rec = bench.copy_bandwidth(2**20)  # timed for real: the record's shape
+    assert rec["what"] == "copy" and rec["bytes"] == 2**20 and rec["gbps"] > 0 and rec["ms"] > 0
+    monkeypatch.setattr(bench, "time_fn", fixed_timer(0.5, []))
+    rec = bench.copy_bandwidth(2**20)  # a copy reads and writes each byte: 2 MiB in 0.5 ms
+    assert rec["ms"] == 0.5 and rec["gbps"] == pytest.approx(2 * 2**20 / 0.5e-3 / 1e9)
     with pytest.raises(ValueError):
         bench.copy_bandwidth(3)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32", "tf32"])
-def test_matmul_ceiling_record(dtype):
-    rec = bench.matmul_tflops(dtype, n=64)
+def test_matmul_ceiling_record(dtype, monkeypatch):
+    rec = bench.matmul_tflops(dtype, n=64)  # timed for real: the record's shape
     assert rec == {**rec, "what": "matmul", "dtype": dtype, "n": 64}
     assert rec["tflops"] > 0
+    seen = []
+    monkeypatch.setattr(bench, "time_fn", fixed_timer(2.0, seen))
+    rec = bench.matmul_tflops(dtype, n=64)  # 2 n^3 FLOP in 2 ms
+    assert rec["ms"] == 2.0 and rec["tflops"] == pytest.approx(2 * 64**3 / 2e-3 / 1e12)
+    assert seen == ["high" if dtype == "tf32" else "highest"]  # TF32 allowed only while "tf32" is timed
     assert torch.get_float32_matmul_precision() == "highest"  # restored
 
 
@@ -88,7 +104,7 @@ def test_time_in_graph_runs_every_call_and_times_per_call():
         bench.time_in_graph([call(0)], reps=0)
 
 
-@pytest.mark.skipif(not bench.HAS_CUDA, reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 def test_time_in_graph_times_device_work_per_call():
     src = [torch.randn(2**26, device="cuda") for _ in range(3)]  # 256 MB each: past any L2
     dst = [torch.empty_like(s) for s in src]

@@ -32,12 +32,15 @@ def test_bad_scale_is_refused(monkeypatch):
         device._scale_from_env()
 
 
+@pytest.mark.skipif(device.HAS_CUDA, reason="the message of a machine without a GPU")
 def test_require_cuda_message():
-    if device.HAS_CUDA:
-        device.require_cuda("this")
-    else:
-        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-            device.require_cuda("the QLoRA sweep")
+    with pytest.raises(RuntimeError, match="the QLoRA sweep needs a CUDA GPU"):
+        device.require_cuda("the QLoRA sweep")
+
+
+@pytest.mark.gpu
+def test_require_cuda_passes_on_a_gpu():
+    device.require_cuda("this")
 
 
 @pytest.mark.skipif(device.HAS_CUDA, reason="the interpreter switch is for machines without a GPU")

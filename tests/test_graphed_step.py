@@ -7,9 +7,6 @@ from helpers.finetune import kernels_step
 from helpers.finetune.data import PAD_ID, TokenizedData
 from helpers.finetune.graphed_step import GraphedTrainStep, pad_width
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-
-
 def _batch(lengths: list[int], vocab: int = 128) -> dict:
     """Right-padded rows of the given lengths."""
     width = max(lengths)
@@ -54,7 +51,7 @@ def _close(got: list[torch.Tensor], want: list[torch.Tensor], rtol: float) -> bo
     return all((g.float() - w.float()).norm() <= rtol * w.float().norm() + 1e-12 for g, w in zip(got, want))
 
 
-@gpu
+@pytest.mark.gpu
 def test_replayed_steps_equal_eager_steps(course_model):
     """Two steps on batches of two captured shapes, each seeded the same: the losses, the LoRA weights and
     AdamW's moments (exp_avg is (1 - beta1) x the gradient after a first step, so the gradients themselves
@@ -93,7 +90,7 @@ def test_replayed_steps_equal_eager_steps(course_model):
     assert all(float(g.abs().max()) == 0 for g in graphed.grads)  # zeroed inside the graph
 
 
-@gpu
+@pytest.mark.gpu
 def test_capturing_a_new_shape_leaves_the_training_state_alone(course_model):
     model = course_model
     kernels_step.reset_lora(model)
@@ -106,7 +103,7 @@ def test_capturing_a_new_shape_leaves_the_training_state_alone(course_model):
     assert all(torch.equal(a, b) for a, b in zip(after, before))
 
 
-@gpu
+@pytest.mark.gpu
 def test_graphs_replay_in_any_order_and_train(course_model):
     model = course_model
     kernels_step.reset_lora(model)

@@ -24,6 +24,9 @@ def test_stream_sum_reads_every_chunk_passes_times(n, programs, block, passes):
                              for p in range(programs)], dtype=torch.float64)
     assert not torch.isnan(out).any()
     torch.testing.assert_close(out.double().cpu(), expected, rtol=1e-4, atol=1e-3 * passes)
+    # wherever the chunks are cut: the distinct chunks cover x once, and programs that share one agree bit for bit
+    assert out[:n_chunks].double().sum().item() == pytest.approx(passes * x64.sum().item(), rel=1e-4, abs=1e-3 * passes)
+    assert torch.equal(out, out[torch.arange(programs, device=out.device) % n_chunks])
 
 
 def test_stream_plan_and_bytes():
@@ -112,7 +115,7 @@ def test_dial_matches_float64(k, n):
     ref = intensity_dial.dial_reference(x, k, a, b)
     assert not torch.isnan(out).any()
     err = (out.double().cpu() - ref).norm() / ref.norm()
-    assert err < 1e-6 * max(k, 1), err
+    assert err < 5e-7 * max(k, 1), err  # about 10x the largest measured (5e-8 a step)
 
 
 def test_dial_two_dimensional_and_default_out():

@@ -45,12 +45,27 @@ def test_card_and_rows():
     assert [r["level"] for r in rows] == ["registers", "shared memory / L1", "L2 cache", "HBM"]
 
 
-def test_bandwidth_sweep_records():
+def fixed_timer(ms: float):
+    """A stand-in for bench.time_fn: runs fn once and takes ``ms``."""
+    def time_fn(fn, **kwargs):
+        fn()
+        return memory.bench.Timing(ms, ms, ms, 1, "fixed")
+    return time_fn
+
+
+def test_bandwidth_sweep_records(monkeypatch):
     recs = memory.bandwidth_sweep([4096, 8192 + 4], programs=3, block=256, num_warps=2, target_bytes=2**15,
                                   progress=False)
     assert [r["working_set_bytes"] for r in recs] == [4096, 8196]
     for r in recs:
         assert r["probe"] == "bandwidth" and r["gbps"] > 0 and r["passes"] >= 1
+    monkeypatch.setattr(memory.bench, "time_fn", fixed_timer(1.0))
+    for r in memory.bandwidth_sweep([4096, 8192 + 4], programs=3, block=256, num_warps=2, target_bytes=2**15,
+                                    progress=False):
+        launch = r["gbps"] * 1e6  # bytes a launch reads: 1 ms at gbps
+        per_pass = launch / r["passes"]
+        assert per_pass >= r["working_set_bytes"]  # every pass reads the whole working set (or more)
+        assert 2**15 - per_pass < launch <= 2**15  # as many passes as fit in target_bytes
     with pytest.raises(ValueError, match="multiples of 4"):
         memory.bandwidth_sweep([6])
 

@@ -15,7 +15,8 @@ from helpers.kernels.nf4_gemv import nf4_operands
 DEV = helpers.DEVICE
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 STEP = {torch.float32: 2.0**-22, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}  # a step of the dtype, relative
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}  # relative error (norm) against float64
+# relative error (norm) against float64 (fp32: about 10x the largest measured, 2.6e-7)
+TOL = {torch.float32: 3e-6, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
 
 
 def quantize(n, k, nested=True, storage=torch.uint8, blocksize=64, seed=0):

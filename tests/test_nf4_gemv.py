@@ -15,11 +15,12 @@ import bitsandbytes.functional as BF
 import triton
 import triton.language as tl
 from helpers.kernels import nf4_gemv as K
+from numerics import rel_err
 
 DEV = helpers.DEVICE
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-# relative error (norm) of a result stored in the dtype, against float64
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
+# relative error (norm) of a result stored in the dtype, against float64 (fp32: about 10x the largest measured, 6.2e-7)
+TOL = {torch.float32: 6e-6, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
 
 
 def quantize(n, k, nested=True, storage=torch.uint8, blocksize=64, quant_type="nf4", seed=0):
@@ -34,12 +35,6 @@ def reference(x, packed, state, bias=None):
     w = BF.dequantize_4bit(packed, state).to("cpu", torch.float64)
     y = x.to("cpu", torch.float64) @ w.T
     return y if bias is None else y + bias.to("cpu", torch.float64)
-
-
-def rel_err(a, ref):
-    a = a.detach().to("cpu", torch.float64)
-    assert not torch.isnan(a).any(), "NaN in the result (an element left unwritten?)"
-    return ((a - ref).norm() / ref.norm()).item()
 
 
 def randn(*shape, dtype=torch.float32, seed=1):

@@ -44,11 +44,24 @@ def test_operations_intensities():
         roofline.operations(tokens=0)
 
 
-def test_dial_sweep_records_and_knee():
+def fixed_timer(ms: float):
+    """A stand-in for bench.time_fn: runs fn once and takes ``ms``."""
+    def time_fn(fn, **kwargs):
+        fn()
+        return roofline.bench.Timing(ms, ms, ms, 1, "fixed")
+    return time_fn
+
+
+def test_dial_sweep_records_and_knee(monkeypatch):
     recs = roofline.dial_sweep([0, 3], n_elements=1000, block=256, progress=False)
     assert [r["k"] for r in recs] == [0, 3]
     assert recs[1]["flops_per_byte"] == pytest.approx(0.75)
     assert all(r["probe"] == "dial" and r["dtype"] == "fp32" and r["gbps"] > 0 for r in recs)
+    monkeypatch.setattr(roofline.bench, "time_fn", fixed_timer(2.0))
+    recs = roofline.dial_sweep([0, 3], n_elements=1000, block=256, progress=False)
+    # 1000 fp32 values read and written (8000 bytes) in 2 ms; k = 3: 2 FLOP (a multiply-add) 3 times an element
+    assert [r["gbps"] for r in recs] == pytest.approx([8000 / 2e-3 / 1e9] * 2)
+    assert [r["gflops"] for r in recs] == pytest.approx([0.0, 6000 / 2e-3 / 1e9])
     with pytest.raises(ValueError):
         roofline.dial_sweep([-1])
 

@@ -8,8 +8,9 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from helpers.kernels.rotary import rotary
 
 DEV = helpers.DEVICE
-DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if helpers.HAS_CUDA else [])
-TOL = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+DTYPES = [torch.float32, torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)]  # bf16: on a GPU
+TOL = {torch.float32: 7e-7,  # fp32: about 10x the largest measured error (6.6e-8)
+       torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 def _tables(b, s, d, dtype, seed=0, general=False):

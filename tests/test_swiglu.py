@@ -7,7 +7,7 @@ import helpers  # noqa: F401  (first: sets the Triton interpreter up on a machin
 from helpers.kernels.swiglu import swiglu
 
 DEV = helpers.DEVICE
-DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if helpers.HAS_CUDA else [])
+DTYPES = [torch.float32, torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)]  # bf16: on a GPU
 TOL = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
