@@ -34,3 +34,11 @@ def test_refuses_to_run_without_a_gpu(capsys):
         gpu_tests.main([])
     assert exit_.value.code == 2 and "needs a CUDA GPU" in capsys.readouterr().err
 
+
+
+def test_the_recorded_gpu_run_has_no_failures():
+    """The committed record of the last GPU run (scripts/gpu_tests.py on the H200)."""
+    saved = results.load(gpu_tests.TOPIC, gpu="h200")
+    counts = gpu_tests.summary(saved.records)
+    assert counts.get("passed", 0) > 0 and not counts.get("failed") and not counts.get("error"), counts
+    assert saved.provenance["gpu"] == "NVIDIA H200" and saved.provenance["git_commit"]
