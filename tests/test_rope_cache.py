@@ -42,8 +42,8 @@ def test_matches_float64_and_writes_only_the_steps_cache_row(dtype, shape):
 
 
 def test_decoder_with_the_fused_kernel_matches_the_pytorch_ops():
-    model, _ = build_model("tiny", "cpu", vocab_size=128, seed=0)
-    tokens = torch.randint(3, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+    model, _ = build_model("tiny", DEV, vocab_size=128, seed=0)
+    tokens = torch.randint(3, 128, (2, 9), generator=torch.Generator().manual_seed(1)).to(DEV)
     plain = Decoder(model.eval(), 16, 2).teacher_forced(tokens)
     fused = Decoder(model, 16, 2, rope=rope_cache).teacher_forced(tokens)
     assert ((fused - plain).abs() / plain.abs().amax(-1, keepdim=True)).max() < 2e-2
