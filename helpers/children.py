@@ -4,7 +4,8 @@ A long run (the fine-tuning sweep) starts each point in a child process. If the 
 (SIGKILL, a lost session), an orphaned child would go on holding the GPU, and a resumed run would start
 the same point beside it. So each child runs in its own process group (``run``), killed as a group when
 the parent stops on an exception, and asks Linux to kill it when its parent dies (``die_with_parent``,
-called first thing in the child; the parent's pid travels in ``PARENT_PID``).
+called first thing in the child; the parent's pid travels in ``PARENT_PID``). A child reports how far it
+has got with :func:`report_progress`; ``run(..., on_progress=f)`` hands each report to ``f`` as it comes.
 """
 from __future__ import annotations
 
@@ -13,24 +14,48 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+from typing import Callable
 
 PARENT_PID = "COURSE_PARENT_PID"
+PROGRESS = "progress: "  # a line of the child's stderr that starts so is a progress report
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
-def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+def run(cmd: list[str], on_progress: Callable[[str], None] | None = None, **kwargs) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)`` in a process group of its own,
     killed whole if this process stops while it runs (an exception, KeyboardInterrupt, SIGTERM turned into
-    SystemExit); ``env`` gets ``PARENT_PID`` so that the child can call :func:`die_with_parent`."""
+    SystemExit); ``env`` gets ``PARENT_PID`` so that the child can call :func:`die_with_parent`.
+    ``on_progress``: called with the text of each :func:`report_progress` line, while the child runs."""
     env = {**kwargs.pop("env", os.environ), PARENT_PID: str(os.getpid())}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True, **kwargs)
+    out: list[str] = []
+    err: list[str] = []
+
+    def read_stderr() -> None:
+        for line in proc.stderr:
+            err.append(line)
+            if on_progress is not None and line.startswith(PROGRESS):
+                on_progress(line[len(PROGRESS):].rstrip("\n"))
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
     try:
-        out, err = proc.communicate()
+        out.append(proc.stdout.read())
+        proc.wait()
+        reader.join()
     except BaseException:
         kill_group(proc)
         raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(out), "".join(err))
+
+
+def report_progress(message: str) -> None:
+    """In a child started by :func:`run`: tell the parent how far it has got (one line on stderr). Does
+    nothing in a process that no :func:`run` started (a notebook's own kernel, say)."""
+    if os.environ.get(PARENT_PID):
+        print(PROGRESS + message.replace("\n", " "), file=sys.stderr, flush=True)
 
 
 def kill_group(proc: subprocess.Popen) -> None:

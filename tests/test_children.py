@@ -58,13 +58,15 @@ def test_an_interrupted_run_kills_the_child_group(monkeypatch):
     real = subprocess.Popen
 
     class Interrupted(subprocess.Popen):
-        def communicate(self, *a, **k):
-            started.append(self.pid)
-            raise KeyboardInterrupt
+        def wait(self, *a, **k):  # the first wait is interrupted (Ctrl-C); the reaping after the kill is not
+            if not started:
+                started.append(self.pid)
+                raise KeyboardInterrupt
+            return super().wait(*a, **k)
 
     monkeypatch.setattr(subprocess, "Popen", Interrupted)
     with pytest.raises(KeyboardInterrupt):
-        children.run([sys.executable, "-c", "import time; time.sleep(60)"])
+        children.run([sys.executable, "-c", "import os, time; os.close(1); time.sleep(60)"])
     monkeypatch.setattr(subprocess, "Popen", real)
     assert started and not _alive(started[0])
 
@@ -72,3 +74,22 @@ def test_an_interrupted_run_kills_the_child_group(monkeypatch):
 def test_a_finished_run_returns_its_output_and_passes_the_parent_pid():
     out = children.run([sys.executable, "-c", f"import os; print(os.environ[{children.PARENT_PID!r}])"])
     assert out.returncode == 0 and out.stdout.strip() == str(os.getpid())
+
+
+def test_progress_reports_arrive_while_the_child_runs():
+    child = ("import time; from helpers import children\n"
+             "children.report_progress('one'); time.sleep(1.5); children.report_progress('two')\n"
+             "import sys; print('not progress', file=sys.stderr); print('out')")
+    seen = []
+    start = time.monotonic()
+    out = children.run([sys.executable, "-c", child], cwd=REPO_ROOT,
+                       on_progress=lambda text: seen.append((text, time.monotonic() - start)))
+    assert out.returncode == 0 and out.stdout == "out\n" and "not progress" in out.stderr
+    assert [text for text, _ in seen] == ["one", "two"]
+    assert seen[1][1] - seen[0][1] > 1.0  # the first came before the child slept, not at its end
+
+
+def test_report_progress_is_silent_outside_a_child(capsys, monkeypatch):
+    monkeypatch.delenv(children.PARENT_PID, raising=False)
+    children.report_progress("nobody listens")
+    assert capsys.readouterr().err == ""

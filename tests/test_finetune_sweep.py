@@ -20,7 +20,7 @@ def env(monkeypatch, tmp_path):
 
 
 def _fake_runner(calls, fail_at=None, gpus_used=None):
-    def run(spec, data_path, gpu=None):
+    def run(spec, data_path, gpu=None, progress=None):
         calls.append(spec.key())
         if gpus_used is not None:
             gpus_used.setdefault(gpu, []).append(spec)
@@ -127,9 +127,13 @@ def test_simulated_cap_on_cpu_runs_out_of_memory_for_the_larger_batch(env):
 
 def test_one_point_in_a_subprocess(env):
     spec = PointSpec("generate", "tiny", new_tokens=(3, 5))
-    records = sweep.subprocess_runner(spec, env["data"])
+    reports = []
+    records = sweep.subprocess_runner(spec, env["data"], progress=reports.append)
     assert [r["new_tokens"] for r in records] == [3, 5]
-    assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in records)
+    assert all(r["status"] == "ok" and r["seconds"] > 0 for r in records)
+    assert all(r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["seconds"]) for r in records)
+    assert reports[0] == "model built; warming up" and [r.split(" tokens")[0] for r in reports[1:]] == [
+        "generated 3", "generated 5"]  # the child's progress, as it went
 
 
 @pytest.mark.parametrize("points,match", [

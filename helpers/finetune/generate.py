@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from ..children import report_progress
 from .data import TokenizedData
 from .lora import LoraSettings, attach_lora
 from .memory_caps import apply_cap, is_oom
@@ -32,6 +33,7 @@ def run_generate(spec: PointSpec, data: TokenizedData, device: torch.device) -> 
         prompt = torch.tensor([data.token_ids[0][:32]], device=device)
         records = []
         with torch.no_grad():
+            report_progress("model built; warming up")
             _generate(model, prompt, 8)  # warm-up: kernels, cache allocation
             for n in spec.new_tokens:
                 sync(device)
@@ -43,6 +45,7 @@ def run_generate(spec: PointSpec, data: TokenizedData, device: torch.device) -> 
                     raise RuntimeError(f"generate() made {out.shape[1] - prompt.shape[1]} tokens, not {n}")
                 records.append({**base, "status": "ok", "weights": source, "new_tokens": n, "seconds": seconds,
                                 "tokens_per_s": n / seconds})
+                report_progress(f"generated {n} tokens in {seconds:.1f} s")
     except Exception as error:
         if not is_oom(error):
             raise

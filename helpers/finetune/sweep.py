@@ -44,7 +44,8 @@ BATCH_SIZES = (1, 2, 4, 8, 16, 20, 25, 32)
 NEW_TOKENS = (64, 128, 256, 512)
 SEED_MAX_LEN = 1024
 
-Runner = Callable[[PointSpec, Path, "str | None"], list[dict]]  # (point, data file, GPU id or None)
+# (point, data file, GPU id or None, a function that takes the point's progress reports) -> its records
+Runner = Callable[[PointSpec, Path, "str | None", Callable[[str], None]], list[dict]]
 
 
 def full_plan() -> list[PointSpec]:
@@ -126,14 +127,16 @@ def _child_devices(gpu: str) -> str:
     return mine[int(gpu)] if mine and gpu.isdigit() and int(gpu) < len(mine) else gpu
 
 
-def subprocess_runner(spec: PointSpec, data_path: Path, gpu: str | None = None) -> list[dict]:
-    """Run one point in a fresh Python process (seeing only GPU ``gpu`` when given); its records."""
+def subprocess_runner(spec: PointSpec, data_path: Path, gpu: str | None = None,
+                      progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Run one point in a fresh Python process (seeing only GPU ``gpu`` when given); its records.
+    ``progress`` gets the child's reports (a training step, a generation length done) as they come."""
     env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": _child_devices(gpu)} if gpu is not None else {}))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "records.json"
         cmd = [sys.executable, "-m", "helpers.finetune.point", "--spec", spec.to_json(), "--data", str(data_path),
                "--out", str(out)]
-        proc = children.run(cmd, cwd=results.REPO_ROOT, env=env)  # dies with this process
+        proc = children.run(cmd, on_progress=progress, cwd=results.REPO_ROOT, env=env)  # dies with this process
         if proc.returncode != 0 or not out.exists():
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
             raise RuntimeError(f"point {spec.key()} failed (exit {proc.returncode}):\n{tail}")
@@ -258,7 +261,10 @@ def run_sweep(points: list[PointSpec], *, data_path: Path | None = None, store_p
                                 "oom_message": f"not run: batch {below.batch_size} already ran out of memory"}]
                 else:
                     try:
-                        records = [{**r, "measured": True} for r in runner(point, data_path, gpu)]
+                        def report(text: str, key: str = point.key()) -> None:
+                            bar.set_postfix_str(f"{key}: {text}")
+
+                        records = [{**r, "measured": True} for r in runner(point, data_path, gpu, report)]
                     except BaseException as error:  # stop the other workers too, re-raised below
                         failures.append(error)
                         return

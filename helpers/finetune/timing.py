@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from ..children import report_progress
 from .memory_caps import SimulatedMemory
 
 
@@ -40,6 +41,7 @@ def timed_steps(model: torch.nn.Module, batches: list[dict], device: torch.devic
         if i >= warmup_steps:
             times.append(time.perf_counter() - t0)
         losses.append(float(loss.detach()))  # after the synchronisation: costs no extra wait
+        report_progress(f"step {i + 1} of {len(batches)}")
     monitor.__exit__(None, None, None)
     return times, (monitor.summary() if hasattr(monitor, "samples") else {}), losses
 
