@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from helpers import HAS_CUDA, attention_bench, bench
+from helpers import HAS_CUDA, attention_bench
 from helpers.attention_bench import attention_flops, implementation, make_inputs, measure
+from stand_ins import fixed_timer
 
 
 def test_flop_convention():
@@ -36,11 +37,7 @@ def test_measure_record(pass_, monkeypatch):
         {"impl": "naive", "pass": pass_, "B": 1, "H": 2, "H_kv": 2, "S": 32, "D": 64, "causal": False}
     runs = []
 
-    def two_ms(fn, **kwargs):  # the step runs; its time is set
-        runs.append(fn())
-        return bench.Timing(ms=2.0, ms_p20=2.0, ms_p80=2.0, reps=1, timer="fixed")
-
-    monkeypatch.setattr(attention_bench, "time_fn", two_ms)
+    monkeypatch.setattr(attention_bench, "time_fn", fixed_timer(2.0, runs.append))  # the step runs; its time is set
     r = measure("naive", 1, 2, 32, 64, False, dtype, pass_)
     # the forward's two S x S x D products, 2 FLOP a multiply-add: 4 B H S^2 D; the backward's five more: 3.5 x
     flops = 4 * 1 * 2 * 32 * 32 * 64 * (3.5 if pass_ == "fwd+bwd" else 1)

@@ -3,6 +3,7 @@ import time
 import pytest
 import torch
 
+from stand_ins import fixed_timer
 from helpers import bench
 
 
@@ -43,19 +44,15 @@ def test_cuda_timer_without_gpu_is_a_clear_error():
         bench.time_fn(lambda: None, device="cuda")
 
 
-def fixed_timer(ms: float, seen: list):
-    """A stand-in for bench.time_fn: runs fn once, notes the fp32 matmul precision in force, takes ``ms``."""
-    def time_fn(fn, **kwargs):
-        fn()
-        seen.append(torch.get_float32_matmul_precision())
-        return bench.Timing(ms=ms, ms_p20=ms, ms_p80=ms, reps=1, timer="fixed")
-    return time_fn
+def precision_noting_timer(ms: float, seen: list):
+    """``fixed_timer`` that notes the fp32 matmul precision in force when each timed function has run."""
+    return fixed_timer(ms, lambda _: seen.append(torch.get_float32_matmul_precision()))
 
 
 def test_copy_ceiling_record(monkeypatch):
     rec = bench.copy_bandwidth(2**20)  # timed for real: the record's shape
     assert rec["what"] == "copy" and rec["bytes"] == 2**20 and rec["gbps"] > 0 and rec["ms"] > 0
-    monkeypatch.setattr(bench, "time_fn", fixed_timer(0.5, []))
+    monkeypatch.setattr(bench, "time_fn", precision_noting_timer(0.5, []))
     rec = bench.copy_bandwidth(2**20)  # a copy reads and writes each byte: 2 MiB in 0.5 ms
     assert rec["ms"] == 0.5 and rec["gbps"] == pytest.approx(2 * 2**20 / 0.5e-3 / 1e9)
     with pytest.raises(ValueError):
@@ -68,7 +65,7 @@ def test_matmul_ceiling_record(dtype, monkeypatch):
     assert rec == {**rec, "what": "matmul", "dtype": dtype, "n": 64}
     assert rec["tflops"] > 0
     seen = []
-    monkeypatch.setattr(bench, "time_fn", fixed_timer(2.0, seen))
+    monkeypatch.setattr(bench, "time_fn", precision_noting_timer(2.0, seen))
     rec = bench.matmul_tflops(dtype, n=64)  # 2 n^3 FLOP in 2 ms
     assert rec["ms"] == 2.0 and rec["tflops"] == pytest.approx(2 * 64**3 / 2e-3 / 1e12)
     assert seen == ["high" if dtype == "tf32" else "highest"]  # TF32 allowed only while "tf32" is timed

@@ -3,6 +3,7 @@ import math
 
 import pytest
 
+from stand_ins import fixed_timer
 from helpers import memory
 
 
@@ -43,14 +44,6 @@ def test_card_and_rows():
     assert c.sms > 0 and c.l2_bytes > 2**20 and c.hbm_bytes > c.l2_bytes > c.smem_per_sm_bytes
     rows = memory.hierarchy_rows(c)
     assert [r["level"] for r in rows] == ["registers", "shared memory / L1", "L2 cache", "HBM"]
-
-
-def fixed_timer(ms: float):
-    """A stand-in for bench.time_fn: runs fn once and takes ``ms``."""
-    def time_fn(fn, **kwargs):
-        fn()
-        return memory.bench.Timing(ms, ms, ms, 1, "fixed")
-    return time_fn
 
 
 def test_bandwidth_sweep_records(monkeypatch):

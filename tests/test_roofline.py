@@ -3,6 +3,7 @@ import math
 
 import pytest
 
+from stand_ins import fixed_timer
 from helpers import roofline, specs
 
 
@@ -42,14 +43,6 @@ def test_operations_intensities():
     assert sum(o["bytes"] for o in chain) / fused["bytes"] == pytest.approx(3, rel=0.05)  # ... a third of the bytes
     with pytest.raises(ValueError):
         roofline.operations(tokens=0)
-
-
-def fixed_timer(ms: float):
-    """A stand-in for bench.time_fn: runs fn once and takes ``ms``."""
-    def time_fn(fn, **kwargs):
-        fn()
-        return roofline.bench.Timing(ms, ms, ms, 1, "fixed")
-    return time_fn
 
 
 def test_dial_sweep_records_and_knee(monkeypatch):
