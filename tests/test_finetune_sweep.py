@@ -115,6 +115,7 @@ def test_simulated_cuda_oom_in_a_point_is_recorded(env, monkeypatch):
     assert "out of memory" in record["oom_message"]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the simulated cap is the CPU's stand-in for a GPU's")
 def test_simulated_cap_on_cpu_runs_out_of_memory_for_the_larger_batch(env):
     fits = point.run_point(PointSpec("train", "tiny", 1, cap_gb=0.1, max_len=64, warmup_steps=1, timed_steps=1),
                            env["data"])[0]
@@ -245,3 +246,12 @@ def test_the_command_line_follows_the_scale():
     assert "tiny" in sweep.cli().format_help()
     with pytest.raises(SystemExit):
         sweep.cli().parse_args(["--models", "8b"])
+
+
+@pytest.mark.gpu
+def test_a_cap_below_the_cuda_context_is_refused_clearly():
+    from helpers.finetune.memory_caps import apply_cap, context_bytes
+
+    with pytest.raises(ValueError, match="CUDA context"):
+        apply_cap(context_bytes() / 2**30 / 2)
+    assert apply_cap(None) == {"alloc_limit_gb": None, "context_gb": None}

@@ -55,7 +55,10 @@ def apply_cap(cap_gb: float | None) -> dict:
     ctx = context_bytes()
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory  # this process's GPU
     limit = cap_gb * GiB - ctx
-    torch.cuda.set_per_process_memory_fraction(float(limit / total))
+    if limit <= 0:
+        raise ValueError(f"a cap of {cap_gb} GiB leaves nothing beside the CUDA context ({ctx / GiB:.2f} GiB here): "
+                         "a capped GPU run needs a cap above it (the simulated caps of the smoke scale are for CPUs)")
+    torch.cuda.set_per_process_memory_fraction(float(min(limit / total, 1.0)))
     return {"alloc_limit_gb": limit / GiB, "context_gb": ctx / GiB}
 
 
