@@ -35,7 +35,8 @@ def _both_ranks_trained(record):
     # the whole adapter, as each rank sees it after training, is the same on both ranks
     assert record["lora_norm_rank0"] == pytest.approx(record["lora_norm_rank1"], rel=1e-12)
     assert record["lora_change_rank0"] == pytest.approx(record["lora_change_rank1"], rel=1e-12)
-    assert record["tokens_per_s"] > 0 and record["step_s"] > 0
+    assert record["tokens_per_s"] > 0 and record["timed_steps"] == SMOKE["timed_steps"]
+    assert 0 < record["step_s_min"] <= record["step_s"] <= record["step_s_max"]
     assert record["peak_alloc_gb_per_gpu"] == max(record["peak_alloc_gb_rank0"], record["peak_alloc_gb_rank1"])
 
 
@@ -151,3 +152,8 @@ def test_full_scale_without_gpus_and_training_without_data_are_refused(monkeypat
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("a process was started"))
     with pytest.raises(ValueError, match="needs data_path"):
         distributed.launch(DistSpec("train"))
+
+
+def test_every_training_run_of_the_full_plan_times_ten_steps_after_warm_up():
+    train = [s for s in distributed.full_plan() if s.kind == "train"]
+    assert train and all(s.timed_steps >= 10 and s.warmup_steps >= 1 for s in train)

@@ -225,12 +225,16 @@ def load_records(scale: str = SCALE) -> results.Result:
 SEED_SETTINGS = {"attn": "eager", "max_len": 1024, "lora_r": 16}  # notebook 06's main settings (the seed's stack)
 
 
+FULL_TIMED_STEPS = 10  # timed steps of every training run of the full plan
+
+
 def full_plan() -> list[DistSpec]:
     """The notebook's runs on two GPUs, in the order that answers the issue first: 70B sharded under
     2 x 40 GB at growing batches with the default allocator and with expandable segments, 70B at
     batch 1 uncapped (its peak is the smallest card it needs), 7B on one GPU and on two (data
-    parallel and sharded: the scaling pair), the all-reduce probe."""
-    seed = dict(SEED_SETTINGS, warmup_steps=1, timed_steps=2)
+    parallel and sharded: the scaling pair), the all-reduce probe. Every training run times 10 steps after
+    two of warm-up, so that its spread (``step_s_min``, ``step_s_max``) can be reported beside the median."""
+    seed = dict(SEED_SETTINGS, warmup_steps=2, timed_steps=FULL_TIMED_STEPS)
     return ([DistSpec("train", "70b", 2, b, 40, "fsdp", **seed) for b in (1, 2, 4, 8, 16)]
             + [DistSpec("train", "70b", 2, 1, None, "fsdp", **seed)]
             + [DistSpec("train", "7b", g, 4, None, s, **seed) for g, s in ((1, "ddp"), (2, "ddp"), (2, "fsdp"))]

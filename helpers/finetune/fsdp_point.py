@@ -141,10 +141,11 @@ def merge(spec: DistSpec, ranks: list[dict], device: torch.device, weights: str)
     oom = [i for i, r in enumerate(ranks) if r["status"] == "oom"]
     if oom:
         return {**record, "status": "oom", "oom_rank": oom[0], "oom_stage": ranks[oom[0]]["stage"],
-                "oom_message": ranks[oom[0]]["oom_message"], "step_s": None, "tokens_per_s": None,
-                "scaling_efficiency": None}
-    step = [max(r["times"][k] for r in ranks) for k in range(spec.timed_steps)]
-    record.update(status="ok", step_s=statistics.median(step), tokens_per_s=ranks[0]["timed_tokens"] / sum(step),
+                "oom_message": ranks[oom[0]]["oom_message"], "step_s": None, "step_s_min": None,
+                "step_s_max": None, "timed_steps": spec.timed_steps, "tokens_per_s": None, "scaling_efficiency": None}
+    step = [max(r["times"][k] for r in ranks) for k in range(spec.timed_steps)]  # a step ends with its slowest rank
+    record.update(status="ok", step_s=statistics.median(step), step_s_min=min(step), step_s_max=max(step),
+                  timed_steps=spec.timed_steps, tokens_per_s=ranks[0]["timed_tokens"] / sum(step),
                   scaling_efficiency=None, checkpointing=all(r["checkpointing"] for r in ranks),
                   alloc_limit_gb=ranks[0].get("alloc_limit_gb"), context_gb=ranks[0].get("context_gb"))
     for i, r in enumerate(ranks):
