@@ -54,7 +54,6 @@ def poisoned(monkeypatch):
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: nan(empty_like(*a, **k)))
 
 
-
 @pytest.fixture
 def program_order(monkeypatch):
     """A function that sets the order in which Triton's interpreter runs the programs of each launch after it:
@@ -95,6 +94,7 @@ def program_order(monkeypatch):
     monkeypatch.setattr(builder, "set_grid_dim", grid_dim)
     monkeypatch.setattr(builder, "set_grid_idx", grid_idx)
     return choose
+
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` are skipped on a machine without CUDA (``pytest -m gpu`` runs them on a GPU)."""
