@@ -159,18 +159,23 @@ def save(topic: str, records: list[dict], gpus: int = 1) -> Path:
     if payload["provenance"]["git_commit"] is None and SCALE == "full":
         warnings.warn(f"{path.name}: no git commit recorded (no .git here); set COURSE_GIT_COMMIT to the commit "
                       "whose code ran, so the result can be traced to it", stacklevel=2)
-    text = json.dumps(payload, indent=1, allow_nan=False) + "\n"
+    write_atomically(path, json.dumps(payload, indent=1, allow_nan=False) + "\n")
+    return path
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a crash at any moment leaves the old file or the new one: a
+    temporary file of its own in the same folder, on disk (fsync) before it is renamed over ``path``."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # a name no other writer has
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())  # on disk before the rename: a crash leaves the old file or the new one
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
 
 
 def load(topic: str, gpu: str | None = None, scale: str = "full") -> Result:

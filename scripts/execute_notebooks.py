@@ -15,10 +15,8 @@ to replace a notebook's GPU outputs (a run at full scale) with smoke-scale ones,
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,24 +26,16 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from helpers.notebook_files import clean_metadata
+from helpers.results import write_atomically
 
 GPU_RUN_MARK = "scale=full"  # helpers.describe()'s words in a notebook's first output on a GPU
 
 
 def save(nb: nbformat.NotebookNode, path: Path) -> None:
-    """Write ``nb`` to ``path`` atomically (a temporary file in the same folder, fsynced, then renamed), its
-    metadata cleaned (``helpers.notebook_files``)."""
+    """Write ``nb`` to ``path`` atomically (``helpers.results.write_atomically``), its metadata cleaned
+    (``helpers.notebook_files``)."""
     clean_metadata(nb)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            nbformat.write(nb, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(path, nbformat.writes(nb))
 
 
 def has_gpu_outputs(path: Path) -> bool:

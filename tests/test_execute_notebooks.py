@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from helpers.notebook_files import KERNELSPEC
+from helpers import results
 from helpers.results import REPO_ROOT
 
 spec = importlib.util.spec_from_file_location("execute_notebooks", REPO_ROOT / "scripts" / "execute_notebooks.py")
@@ -50,11 +51,10 @@ def test_a_save_that_dies_midway_leaves_the_last_good_notebook(tmp_path, monkeyp
     nb = nbformat.read(path, as_version=4)
     nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="x" * 100_000)]
 
-    def killed(node, f, **kw):  # half of the file written, then the process dies
-        f.write(nbformat.writes(node)[:50_000])
+    def killed(fd):  # the new text written, not yet on disk, and the process dies
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(execute_notebooks.nbformat, "write", killed)
+    monkeypatch.setattr(results.os, "fsync", killed)
     with pytest.raises(KeyboardInterrupt):
         execute_notebooks.save(nb, path)
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["nb.ipynb"]
