@@ -7,10 +7,12 @@ from the memory roofline (notebook 07 takes it from there).
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
 
+from ..bench import profile_kernels
 from ..children import report_progress
 from .data import TokenizedData
 from .lora import LoraSettings, attach_lora
@@ -65,3 +67,41 @@ def decode_bytes_per_token(spec: ModelSpec, context_tokens: int, lm_head_bytes: 
     kv = 2 * spec.num_hidden_layers * context_tokens * spec.hidden_size * spec.num_key_value_heads \
         // spec.num_attention_heads * 2
     return nf4_bytes(spec) + spec.vocab_size * spec.hidden_size * lm_head_bytes + spec.hidden_size * 4 + kv
+
+
+def decode_parts(model, prompt_ids: list[int], contexts: list[int], device: torch.device, new_tokens: int = 16,
+                 rounds: int = 5) -> list[dict]:
+    """Time per new token of greedy ``generate()`` at each context length, split into the device's time (the
+    profiler's kernels) and the host's (the rest of the wall time). A prompt of ``context`` tokens is prefilled,
+    then ``new_tokens`` more are made; the prefill is taken out by subtracting a 1-token run. The wall times
+    are the median of ``rounds``, the contexts in turn within each round."""
+    if max(contexts) > len(prompt_ids) or min(contexts) < 1:
+        raise ValueError(f"contexts must be in 1..{len(prompt_ids)} (the prompt's length), got {contexts}")
+    if new_tokens < 1 or rounds < 1:
+        raise ValueError(f"new_tokens and rounds must be >= 1, got {new_tokens}, {rounds}")
+    prompts = {c: torch.tensor([prompt_ids[:c]], device=device) for c in contexts}
+    walls: dict[tuple[int, int], list[float]] = {}
+    with torch.no_grad():
+        _generate(model, prompts[contexts[0]], 2)  # warm-up: kernels, cache allocation
+        for _ in range(rounds):
+            for c in contexts:
+                for n in (1, 1 + new_tokens):
+                    sync(device)
+                    t0 = time.perf_counter()
+                    _generate(model, prompts[c], n)
+                    sync(device)
+                    walls.setdefault((c, n), []).append(time.perf_counter() - t0)
+        records = []
+        for c in contexts:
+            device_s = {n: sum(r["calls"] * r["us_per_call"] for r in
+                               profile_kernels(lambda: _generate(model, prompts[c], n), reps=1)) / 1e6
+                        for n in (1, 1 + new_tokens)}
+            wall = {n: statistics.median(walls[(c, n)]) for n in (1, 1 + new_tokens)}
+            per_token = (wall[1 + new_tokens] - wall[1]) / new_tokens
+            dev = (device_s[1 + new_tokens] - device_s[1]) / new_tokens
+            spread = [(a - b) / new_tokens for a, b in zip(walls[(c, 1 + new_tokens)], walls[(c, 1)])]
+            records.append({"what": "decode_parts", "context": c, "new_tokens": new_tokens, "rounds": rounds,
+                            "s_per_token": per_token, "s_per_token_min": min(spread), "s_per_token_max": max(spread),
+                            "device_s_per_token": dev, "host_s_per_token": max(0.0, per_token - dev)})
+            report_progress(f"context {c}: {1e3 * per_token:.1f} ms a token, {1e3 * dev:.1f} ms of it on the device")
+    return records

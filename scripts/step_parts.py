@@ -1,0 +1,60 @@
+"""The parts of a QLoRA training step and of a decode step, measured for notebook 06's step-time model.
+
+    python scripts/step_parts.py [--train 7b:1 7b:4 7b:16] [--timed 10] [--decode-model 7b]
+                                 [--contexts 64 256 1024 2048] [--rounds 5]
+
+Training: the sweep's configuration (eager attention, LoRA r=16, gradient checkpointing) at each model:batch,
+``--timed`` steps after 2 of warm-up, then 3 under the profiler, split into parts (``step_model.PARTS``).
+Decoding: stock ``generate()`` at batch 1, the time per new token at each context length, split into the
+device's and the host's. Writes ``results/<gpu>/step_parts.json`` (on a CPU, ``.smoke-results/``).
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import helpers  # first: on a machine without a GPU it sets the Triton interpreter up
+from helpers import results
+from helpers.finetune import sweep
+from helpers.finetune.data import TokenizedData
+from helpers.finetune.generate import decode_parts
+from helpers.finetune.lora import LoraSettings, attach_lora
+from helpers.finetune.models import build_model
+from helpers.finetune.step_model import measure_train_parts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--train", nargs="*", default=helpers.pick(full=["7b:1", "7b:4", "7b:16"], smoke=["tiny:2"]),
+                        help="model:batch points to split (none: skip training)")
+    parser.add_argument("--timed", type=int, default=helpers.pick(full=10, smoke=2))
+    parser.add_argument("--decode-model", default=helpers.pick(full="7b", smoke="tiny"))
+    parser.add_argument("--contexts", nargs="*", type=int,
+                        default=helpers.pick(full=[64, 256, 1024, 2048], smoke=[8, 16]))
+    parser.add_argument("--rounds", type=int, default=helpers.pick(full=5, smoke=1))
+    args = parser.parse_args()
+    data = TokenizedData.load(sweep.data_file())
+    records = []
+    for point in args.train:
+        name, batch = point.split(":")
+        r = measure_train_parts(name, int(batch), data, helpers.DEVICE, timed=args.timed)
+        print(f"{name} batch {batch}: {r['step_s']:.3f} s a step ({r['step_s_min']:.3f}-{r['step_s_max']:.3f}), "
+              + ", ".join(f"{k} {v:.0f}" for k, v in r.items() if k.endswith(" ms")), flush=True)
+        records.append(r)
+        torch.cuda.empty_cache() if helpers.HAS_CUDA else None
+    if args.contexts:
+        model, _ = build_model(args.decode_model, helpers.DEVICE, vocab_size=data.vocab_size, attn="eager")
+        model = attach_lora(model, LoraSettings(r=16)).eval()
+        model.config.use_cache = True
+        prompt = [t for ids in data.token_ids for t in ids][:max(args.contexts)]
+        for r in decode_parts(model, prompt, args.contexts, helpers.DEVICE, rounds=args.rounds):
+            records.append({"model": args.decode_model, **r})
+            print(f"decode {args.decode_model}, context {r['context']}: {1e3 * r['s_per_token']:.1f} ms a token "
+                  f"({1e3 * r['s_per_token_min']:.1f}-{1e3 * r['s_per_token_max']:.1f}), device "
+                  f"{1e3 * r['device_s_per_token']:.1f}, host {1e3 * r['host_s_per_token']:.1f}", flush=True)
+    print(f"wrote {results.save('step_parts', records)}")
+
+
+if __name__ == "__main__":
+    main()
