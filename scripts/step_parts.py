@@ -11,6 +11,7 @@ device's and the host's. Writes ``results/<gpu>/step_parts.json`` (on a CPU, ``.
 from __future__ import annotations
 
 import argparse
+import gc
 
 import torch
 
@@ -42,6 +43,7 @@ def main() -> None:
         print(f"{name} batch {batch}: {r['step_s']:.3f} s a step ({r['step_s_min']:.3f}-{r['step_s_max']:.3f}), "
               + ", ".join(f"{k} {v:.0f}" for k, v in r.items() if k.endswith(" ms")), flush=True)
         records.append(r)
+        gc.collect()  # the model built for this point goes before the next one's
         torch.cuda.empty_cache() if helpers.HAS_CUDA else None
     if args.contexts:
         model, _ = build_model(args.decode_model, helpers.DEVICE, vocab_size=data.vocab_size, attn="eager")

@@ -19,7 +19,6 @@ projection's; :func:`validate` prints how well the model predicts points it was 
 """
 from __future__ import annotations
 
-import itertools
 import re
 import statistics
 import time
@@ -30,7 +29,7 @@ from ..bench import profile_kernels
 from ..specs import GpuSpec
 from .analysis import ACT_BYTES, DEQUANT_BYTES, PASSES
 from .data import TokenizedData, make_batches
-from .lora import LoraSettings, attach_lora
+from .lora import LoraSettings, attach_lora, check_checkpointing
 from .models import MODELS, ModelSpec, build_model
 from .timing import sync
 
@@ -117,17 +116,18 @@ def compare(terms: dict[str, float], model: str, batch: int, padded_len: float, 
 
 
 def measure_train_parts(model_name: str, batch: int, data: TokenizedData, device: torch.device, *,
-                        warmup: int = 2, timed: int = 10, max_len: int | None = 1024, profiled: int = 3) -> dict:
+                        warmup: int = 2, timed: int = 10, max_len: int | None = 1024) -> dict:
     """One record: the sweep's configuration (eager attention, LoRA r=16 on q and v, gradient checkpointing,
-    AdamW) trained ``warmup`` + ``timed`` steps, wall time per timed step (median and spread), then
-    ``profiled`` more steps under the profiler: milliseconds per part a step, and the host's share (wall
-    time the device spent idle)."""
-    if timed < 1 or warmup < 1 or profiled < 1:
-        raise ValueError(f"warmup, timed and profiled must be >= 1, got {warmup}, {timed}, {profiled}")
+    AdamW) trained ``warmup`` + ``timed`` steps, the wall time of each timed step (median and spread), then
+    the same timed batches again under the profiler: milliseconds per part a step (their mean), and the
+    host's (the mean wall time the device spent waiting)."""
+    if timed < 1 or warmup < 1:
+        raise ValueError(f"warmup and timed must be >= 1, got {warmup}, {timed}")
     batches = [{k: v.to(device) for k, v in b.items()}
                for b in make_batches(data.token_ids, batch, warmup + timed, max_len)]
     model, source = build_model(model_name, device, vocab_size=data.vocab_size, attn="eager")
     model = attach_lora(model, LoraSettings(r=16), gradient_checkpointing=True)
+    checkpointing = check_checkpointing(model, batches[0]["input_ids"][:1, :16])  # leaves the model training
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
 
     def step(b: dict) -> None:
@@ -143,15 +143,16 @@ def measure_train_parts(model_name: str, batch: int, data: TokenizedData, device
         sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    todo = itertools.cycle(batches[warmup:])  # one warm-up call outside the profile, then ``profiled`` steps
-    rows = profile_kernels(lambda: step(next(todo)), reps=profiled)
+    todo = iter(batches[warmup - 1:])  # the last warm-up batch warms the profiler up, then the timed ones
+    rows = profile_kernels(lambda: step(next(todo)), reps=timed)
     parts: dict[str, float] = {p: 0.0 for p in PARTS if p != "host"}
     for r in rows:
         parts[part_of(r["name"])] += r["calls"] * r["us_per_call"] / 1e3
     device_ms = sum(parts.values())
-    wall_ms = 1e3 * statistics.median(times)
     padded = statistics.fmean(b["input_ids"].shape[1] for b in batches[warmup:])
     return {"what": "train_parts", "model": model_name, "batch_size": batch, "mean_padded_len": padded,
-            "weights": source, "timed_steps": timed, "step_s": wall_ms / 1e3, "step_s_min": min(times),
-            "step_s_max": max(times), "device_ms": device_ms, "host ms": max(0.0, wall_ms - device_ms),
+            "weights": source, "checkpointing": checkpointing, "timed_steps": timed,
+            "step_s": statistics.median(times), "step_s_mean": statistics.fmean(times), "step_s_min": min(times),
+            "step_s_max": max(times), "device_ms": device_ms,
+            "host ms": max(0.0, 1e3 * statistics.fmean(times) - device_ms),
             **{f"{p} ms": ms for p, ms in parts.items()}}
