@@ -274,7 +274,7 @@ def ada_generates_faster(load: Loader, gpu: str) -> Verdict:
         return r["host_s_per_token"] + r["device_s_per_token"] * here.bandwidth_gbps / card.bandwidth_gbps
 
     lead = [on(a100, r) / on(ada, r) for r in decode]  # > 1: the Ada makes tokens faster
-    evidence = {f"context {r['context']}: A100 / Ada time per token": round(x, 3) for r, x in zip(decode, lead)}
+    evidence = {f"context {r['context']}: Ada tokens/s over the A100's": round(x, 3) for r, x in zip(decode, lead)}
     evidence["host share of the measured time per token"] = _span(
         [r["host_s_per_token"] / r["s_per_token"] for r in decode if r["s_per_token"] > 0])
     growing = all(b > a for a, b in zip(lead, lead[1:]))
