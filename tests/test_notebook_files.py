@@ -66,7 +66,8 @@ def test_consecutive_streams_merge_and_carriage_returns_collapse_line_by_line():
 
 
 def test_progress_widgets_stale_frames_are_dropped_and_other_displays_kept():
-    frame = {"output_type": "display_data", "data": {"text/plain": "peak memory, naive:   0%|          | 0/7 [00:00<?, ?it/s]"}}
+    bar = "peak memory, naive:   0%|          | 0/7 [00:00<?, ?it/s]"
+    frame = {"output_type": "display_data", "data": {"text/plain": bar}}
     widget = {"output_type": "display_data", "data": {"application/vnd.jupyter.widget-view+json": {"model_id": "x"},
                                                       "text/plain": "HBox()"}}
     table = {"output_type": "display_data", "data": {"text/plain": "   ms  |  0%|\n"}}
