@@ -6,6 +6,7 @@ halved when causal; backward 2.5 times the forward (five products, one of them t
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Callable
 
 import torch
@@ -54,12 +55,28 @@ def make_inputs(B: int, H: int, S: int, D: int, dtype: torch.dtype, H_kv: int | 
                 device: str | None = None, requires_grad: bool = True) -> tuple[torch.Tensor, ...]:
     """Random q, k, v (B, H[_kv], S, D) and an output gradient dO."""
     device = device or ("cuda" if HAS_CUDA else "cpu")
+    if torch.device(device).type == "cuda":
+        index = torch.device(device).index
+        _bind_context_in_autograd_thread(torch.cuda.current_device() if index is None else index)
     H_kv = H_kv or H
     q = torch.randn(B, H, S, D, device=device, dtype=dtype, requires_grad=requires_grad)
     k = torch.randn(B, H_kv, S, D, device=device, dtype=dtype, requires_grad=requires_grad)
     v = torch.randn(B, H_kv, S, D, device=device, dtype=dtype, requires_grad=requires_grad)
     do = torch.randn(B, H, S, D, device=device, dtype=dtype)
     return q, k, v, do
+
+
+@functools.cache
+def _bind_context_in_autograd_thread(device_index: int) -> None:
+    """Make the CUDA context current in autograd's worker thread for GPU ``device_index``, once.
+
+    Autograd runs the backward of CUDA tensors in a thread of its own. When the first CUDA call in that thread
+    is cuBLAS's (standard attention's backward starts with matrix products), cuBLAS finds no current context,
+    sets the primary one itself and warns "Attempting to run cuBLAS, but there was no current CUDA context!".
+    One element-wise backward first (its multiply is a kernel launched from that thread) binds the context
+    there, as any CUDA runtime call does, so cuBLAS finds it."""
+    x = torch.ones(1, device=f"cuda:{device_index}", requires_grad=True)
+    (x * 2).sum().backward()
 
 
 def _step(fn: Callable, q, k, v, do, causal: bool, pass_: str) -> Callable[[], object]:

@@ -229,7 +229,9 @@ def profile_kernels(fn: Callable[[], object], reps: int = 5) -> list[dict]:
     if HAS_CUDA:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
         torch.cuda.synchronize()
-    with torch.profiler.profile(activities=activities) as prof:
+    # acc_events=True changes nothing here (one profiling cycle, no schedule); without it torch 2.11 warns
+    # "Profiler clears events at the end of each cycle" even when there are no cycles (fixed in later torch)
+    with torch.profiler.profile(activities=activities, acc_events=True) as prof:
         for _ in range(reps):
             fn()
         if HAS_CUDA:

@@ -1,8 +1,10 @@
-"""The course's matplotlib style: readable sizes, light grids, units on every axis."""
+"""The course's display style: matplotlib figures with readable sizes, light grids and units on every axis,
+and pandas tables shown whole."""
 from __future__ import annotations
 
 import matplotlib as mpl
 import matplotlib.pyplot as plt
+import pandas as pd
 
 STYLE = {
     "figure.figsize": (8.0, 4.5),
@@ -22,10 +24,21 @@ STYLE = {
     "lines.markersize": 5,
 }
 
+# Tables are never cut with "...": every column, rows up to a sweep's size, a line as wide as a notebook's
+# output area scrolls, and cells wide enough for a CUDA kernel's full name (notebook 03's profiler table).
+TABLE_OPTIONS = {
+    "display.max_columns": None,
+    "display.max_rows": 500,
+    "display.width": 250,
+    "display.max_colwidth": 300,
+}
+
 
 def use_course_style() -> None:
-    """Apply the course style to every figure made after this call."""
+    """Apply the course style to every figure and pandas table made after this call."""
     mpl.rcParams.update(STYLE)
+    for option, value in TABLE_OPTIONS.items():
+        pd.set_option(option, value)
 
 
 def labelled_axes(title: str, xlabel: str, ylabel: str, *, logx: bool = False, logy: bool = False,

@@ -25,16 +25,16 @@ import torch
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from helpers.notebook_files import clean_metadata
+from helpers.notebook_files import clean
 from helpers.results import write_atomically
 
 GPU_RUN_MARK = "scale=full"  # helpers.describe()'s words in a notebook's first output on a GPU
 
 
 def save(nb: nbformat.NotebookNode, path: Path) -> None:
-    """Write ``nb`` to ``path`` atomically (``helpers.results.write_atomically``), its metadata cleaned
+    """Write ``nb`` to ``path`` atomically (``helpers.results.write_atomically``), its metadata and outputs cleaned
     (``helpers.notebook_files``)."""
-    clean_metadata(nb)
+    clean(nb)
     write_atomically(path, nbformat.writes(nb))
 
 

@@ -1,10 +1,11 @@
-"""Rebuild the README's "Results at a glance" table from the committed results files.
+"""Rebuild the README's headline results and seed-claims tables, and the full table in results/README.md,
+from the committed results files.
 
-    python scripts/update_readme.py           # rewrite the block in README.md and results/<gpu>/summary.png
-    python scripts/update_readme.py --check   # exit 1 if README.md is out of date (the tests run this)
+    python scripts/update_readme.py           # rewrite both README blocks, results/README.md, results/<gpu>/summary.png
+    python scripts/update_readme.py --check   # exit 1 if either file is out of date (the tests run this)
 
-Every number in the table is read from results/<gpu>/<topic>.json through helpers.results; a topic
-with no file yet is left out.
+Every number is read from results/<gpu>/<topic>.json through helpers.results (the verdicts through
+helpers.claims); a topic with no file yet is left out.
 """
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from helpers import memory, results, roofline, specs
+from helpers import claims, memory, results, roofline, specs
 from helpers.decode_bench import logits_ok
 from helpers.finetune import analysis
 
 README = results.REPO_ROOT / "README.md"
+RESULTS_README = results.REPO_ROOT / "results" / "README.md"
 START, END = "<!-- results-table -->", "<!-- /results-table -->"
+CLAIMS_START, CLAIMS_END = "<!-- claims-table -->", "<!-- /claims-table -->"
 
 
 def _load(topic: str, gpu: str) -> results.Result | None:
@@ -255,11 +258,21 @@ def summary_figure(gpu: str = "h200") -> Path | None:
     return path
 
 
-def render(gpu: str = "h200") -> str:
-    """The markdown block: one table row per headline measurement, then the provenance of each file."""
+Row = tuple[str, str, str, str]  # measurement, result, context, notebook
+
+# The README's headline rows (at most 10): the first full-table row whose measurement starts with each prefix.
+HEADLINES = ("device copy bandwidth", "bf16 matmul", "streaming bandwidth, L2-resident vs HBM",
+             "fused bias+GELU+LayerNorm fwd, bf16", "fused bias+GELU+LayerNorm fwd+bwd (device time, CUDA graph), bf16",
+             "FlashAttention (Triton) fwd+bwd, non-causal", "QLoRA on one GPU capped at 40 GiB",
+             "QLoRA on one GPU capped at 48 GiB", "4-bit decoding at batch 1, 7B",
+             "Llama-2-70B QLoRA, FSDP on 2 GPUs capped at 40 GiB each, expandable")
+
+
+def table_rows(gpu: str = "h200") -> tuple[list[Row], list[str]]:
+    """Every result row from ``results/<gpu>/`` (and ``<gpu>x2/``), and one provenance line per file read."""
     ceilings = _load("ceilings", gpu)
     if ceilings is None:
-        return "_No GPU results committed yet._"
+        return [], []
     spec = specs.lookup(ceilings.provenance["gpu"])
     device = _load("device", gpu)
     l2_bytes = device.records[0]["l2_bytes"] if device else int(spec.l2_mb * 2**20)
@@ -273,18 +286,61 @@ def render(gpu: str = "h200") -> str:
                 ("finetune_kernels", _load("finetune_kernels", gpu), _train_kernels, "07"),
                 ("qlora_pacing", _load("qlora_pacing", gpu), _pacing, "07"),
                 (f"{gpu}x2/fsdp", _load("fsdp", f"{gpu}x2"), lambda r: _two_gpus(r, spec), "08")]
-    lines = [f"Measured on one {ceilings.provenance['gpu']} (notebook 08: two) by the notebooks (one row by a "
-             "script of notebook 07's); every row is read "
-             f"from `results/{gpu}/` (`results/{gpu}x2/`) by `scripts/update_readme.py`.", "",
-             f"![summary](results/{gpu}/summary.png)", "",
-             "| measurement | result | context | notebook |", "| --- | --- | --- | --- |"]
-    sources = []
-    for topic, res, rows, nb in sections:
+    rows, sources = [], []
+    for topic, res, make, nb in sections:
         if res is None:
             continue
-        lines += [f"| {what} | {value} | {ref} | {nb} |" for what, value, ref in rows(res)]
+        rows += [(what, value, ref, nb) for what, value, ref in make(res)]
         sources.append(f"- `{topic}.json`: {res.describe()}")
-    return "\n".join(lines + ["", "Provenance:", *sources] + _gpu_tests(gpu))
+    return rows, sources
+
+
+def _markdown(rows: list[Row]) -> list[str]:
+    return (["| measurement | result | context | notebook |", "| --- | --- | --- | --- |"]
+            + [f"| {what} | {value} | {ref} | {nb} |" for what, value, ref, nb in rows])
+
+
+def headlines(rows: list[Row]) -> list[Row]:
+    """The rows named by ``HEADLINES``, in that order (a prefix with no row is left out)."""
+    picked = (next((row for row in rows if row[0].startswith(prefix)), None) for prefix in HEADLINES)
+    return [row for row in picked if row is not None]
+
+
+def render(gpu: str = "h200") -> str:
+    """The README's block: the headline rows, and where the full table and the provenance are."""
+    rows, _ = table_rows(gpu)
+    if not rows:
+        return "_No GPU results committed yet._"
+    gpu_name = _load("ceilings", gpu).provenance["gpu"]
+    lines = [f"Measured on one {gpu_name} (notebook 08: two); {len(headlines(rows))} of the {len(rows)} rows of "
+             f"[the full table](results/README.md), which also gives every file's provenance. Every row is read "
+             f"from `results/{gpu}/` (`results/{gpu}x2/`) by `scripts/update_readme.py`.", "",
+             f"![summary](results/{gpu}/summary.png)", "", *_markdown(headlines(rows))]
+    return "\n".join(lines + _gpu_tests(gpu))
+
+
+def render_results(gpu: str = "h200") -> str:
+    """``results/README.md``: every result row, then the provenance of each file."""
+    rows, sources = table_rows(gpu)
+    head = ["# Results", "", "<!-- generated by scripts/update_readme.py from the results files: do not edit -->", ""]
+    if not rows:
+        return "\n".join(head + ["_No GPU results committed yet._", ""])
+    gpu_name = _load("ceilings", gpu).provenance["gpu"]
+    intro = (f"Every measurement the notebooks (and one script of notebook 07's) committed on one {gpu_name} "
+             f"(notebook 08: two), read from `{gpu}/` (`{gpu}x2/`). \"Called from Python\": the time a PyTorch "
+             "user sees, host work (autograd, launches) included; \"device time, CUDA graph\": the same work "
+             "replayed from a CUDA graph, so only the GPU's time counts.")
+    return "\n".join(head + [intro, "", *_markdown(rows), "", "Provenance:", *sources] + _gpu_tests(gpu) + [""])
+
+
+def render_claims(gpu: str = "h200") -> str:
+    """The README's claims block: each seed claim, the notebooks that test it, and this run's verdict."""
+    table = claims.table(gpu=gpu)
+    lines = [f"Each verdict is computed by `helpers.claims` from `results/{gpu}/` by a rule that the notebook "
+             "prints beside it; \"not decided by this run\" says why.", "",
+             "| claim | seed | notebook | verdict |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r.claim} | {r.seed} | {r.notebooks} | {r.verdict.replace('|', '/')} |" for r in table.itertuples()]
+    return "\n".join(lines)
 
 
 def _gpu_tests(gpu: str) -> list[str]:
@@ -300,19 +356,27 @@ def _gpu_tests(gpu: str) -> list[str]:
             f"{res.provenance['timestamp'][:10]}: {outcomes}; `gpu_tests.json`: {res.describe()}."]
 
 
+def _replace(text: str, start: str, end: str, block: str) -> str:
+    if start not in text or end not in text:
+        sys.exit(f"README.md lacks the markers {start} ... {end}")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{block}\n{end}{tail}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if README.md is out of date")
+    parser.add_argument("--check", action="store_true", help="fail if README.md or results/README.md is out of date")
     args = parser.parse_args()
     text = README.read_text()
-    if START not in text or END not in text:
-        sys.exit(f"README.md lacks the markers {START} ... {END}")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    new = f"{head}{START}\n{render()}\n{END}{tail}"
+    new = _replace(_replace(text, START, END, render()), CLAIMS_START, CLAIMS_END, render_claims())
+    full = render_results()
     if args.check:
-        sys.exit(0 if new == text else "README.md's results table is out of date: run python scripts/update_readme.py")
-    Path(README).write_text(new)
+        stale = [str(p.relative_to(results.REPO_ROOT)) for p, want in ((README, new), (RESULTS_README, full))
+                 if not p.exists() or p.read_text() != want]
+        sys.exit(f"{', '.join(stale)} out of date: run python scripts/update_readme.py" if stale else 0)
+    README.write_text(new)
+    RESULTS_README.write_text(full)
     summary_figure()
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from helpers.notebook_files import KERNELSPEC, clean_metadata
+from helpers.notebook_files import KERNELSPEC, clean, clean_metadata, clean_outputs, collapse_redraws
 from helpers.results import REPO_ROOT
 
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
@@ -30,7 +30,49 @@ def test_clean_metadata_keeps_the_kernel_the_language_the_tags_and_the_timings()
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_committed_notebooks_are_clean(path):
     nb = json.loads(path.read_text())
-    assert clean_metadata(json.loads(json.dumps(nb))) == nb, f"{path.name}: run helpers.notebook_files.clean_metadata"
+    assert clean(json.loads(json.dumps(nb))) == nb, f"{path.name}: run python -m helpers.notebook_files {path.name}"
+
+
+def _stream(text, name="stderr"):
+    return {"output_type": "stream", "name": name, "text": text}
+
+
+def _tqdm_as_saved(n: int) -> list[dict]:
+    """A text tqdm bar as nbclient saves it: one stderr output per redraw, then the closing newline."""
+    bars = [_stream(["\r", f"N=1024: {100 * i // n:3d}%|{'#' * i:<{n}}| {i}/{n} [00:0{i}<00:00,  2.7it/s]"])
+            for i in range(n + 1)]
+    return bars + [_stream(["\n"])]
+
+
+def test_a_progress_bar_saved_as_many_outputs_becomes_its_last_line():
+    nb = {"cells": [{"cell_type": "code", "outputs": [_stream("start\n", "stdout"), *_tqdm_as_saved(20),
+                                                      {"output_type": "display_data", "data": {"text/plain": "table"}},
+                                                      _stream("done\n", "stdout")]}]}
+    outs = clean_outputs(nb)["cells"][0]["outputs"]
+    assert [o["output_type"] for o in outs] == ["stream", "stream", "display_data", "stream"]
+    assert outs[1]["text"] == ["N=1024: 100%|####################| 20/20 [00:020<00:00,  2.7it/s]\n"]
+    assert outs[0]["text"] == "start\n" and outs[3]["text"] == "done\n"  # a string stays a string
+    assert clean_outputs(json.loads(json.dumps(nb))) == nb
+
+
+def test_consecutive_streams_merge_and_carriage_returns_collapse_line_by_line():
+    nb = {"cells": [{"cell_type": "code", "outputs": [_stream("a\n", "stdout"), _stream("b\n", "stdout"),
+                                                      _stream("warn\n"), _stream("c\n", "stdout")]},
+                    {"cell_type": "markdown", "source": "x\ry"}]}
+    outs = clean_outputs(nb)["cells"][0]["outputs"]
+    assert [(o["name"], o["text"]) for o in outs] == [("stdout", "a\nb\n"), ("stderr", "warn\n"), ("stdout", "c\n")]
+    assert nb["cells"][1] == {"cell_type": "markdown", "source": "x\ry"}
+    assert collapse_redraws("keep\n 10%\r 50%\r100%\nnext\r\n") == "keep\n100%\nnext\n"
+
+
+def test_progress_widgets_stale_frames_are_dropped_and_other_displays_kept():
+    bar = "peak memory, naive:   0%|          | 0/7 [00:00<?, ?it/s]"
+    frame = {"output_type": "display_data", "data": {"text/plain": bar}}
+    widget = {"output_type": "display_data", "data": {"application/vnd.jupyter.widget-view+json": {"model_id": "x"},
+                                                      "text/plain": "HBox()"}}
+    table = {"output_type": "display_data", "data": {"text/plain": "   ms  |  0%|\n"}}
+    nb = {"cells": [{"cell_type": "code", "outputs": [frame, widget, table]}]}
+    assert clean_outputs(nb)["cells"][0]["outputs"] == [table]
 
 
 def test_jupyterlab_saves_through_the_cleaning_hook():
@@ -46,6 +88,10 @@ def test_jupyterlab_saves_through_the_cleaning_hook():
     model = {"type": "notebook", "content": _editor_saved()}
     Config.FileContentsManager.pre_save_hook(model=model, path="x.ipynb", contents_manager=None)
     assert "widgets" not in model["content"]["metadata"] and model["content"]["metadata"]["kernelspec"] == KERNELSPEC
+    model = {"type": "notebook", "content": {"metadata": {}, "cells": [{"cell_type": "code", "metadata": {},
+                                                                        "outputs": _tqdm_as_saved(3)}]}}
+    Config.FileContentsManager.pre_save_hook(model=model, path="x.ipynb", contents_manager=None)
+    assert len(model["content"]["cells"][0]["outputs"]) == 1
     other = {"type": "file", "content": "text"}
     Config.FileContentsManager.pre_save_hook(model=other, path="x.txt", contents_manager=None)
     assert other == {"type": "file", "content": "text"}

@@ -27,3 +27,13 @@ def test_bar_against_annotates_percentages():
     with pytest.raises(ValueError):
         plots.bar_against(ax, ["a", "b"], [1.0], [1.0], "GB/s")
     plt.close("all")
+
+
+def test_tables_are_shown_whole():
+    import pandas as pd
+
+    plots.use_course_style()
+    kernel = "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(" + "x" * 120 + ")"
+    wide = pd.DataFrame([{f"column {i}": i for i in range(30)} | {"name": kernel}] * 100)
+    text = repr(wide)
+    assert "..." not in text and kernel in text and "column 29" in text

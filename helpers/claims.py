@@ -1,0 +1,377 @@
+"""The seed articles' nine claims (``../shared/seeds/README.md``) and this run's verdict on each.
+
+Each verdict is computed from the committed results files (``results/<gpu>/<topic>.json``) by the rule
+printed beside it; where those files cannot decide a claim, the verdict says "not decided by this run" and
+why. A notebook shows its own claims with ``claims.show(notebook="04")``; the README's table comes from
+:func:`table` (``scripts/update_readme.py``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import pandas as pd
+
+from . import results, roofline, specs
+from .device import SCALE
+from .finetune import analysis, step_model
+
+CONFIRMED, REFUTED, PARTLY, UNDECIDED = "confirmed", "refuted", "partly", "not decided by this run"
+Loader = Callable[[str, str], "results.Result | None"]  # (topic, gpu folder) -> the file, or None if absent
+
+
+class Verdict(NamedTuple):
+    """A claim's verdict, the rule that gave it, the numbers the rule read, and (when undecided) why."""
+
+    verdict: str
+    rule: str
+    evidence: dict
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    text: str
+    seed: str
+    notebooks: tuple[str, ...]
+    judge: Callable[[Loader, str], Verdict]
+
+
+def committed(topic: str, gpu: str) -> results.Result | None:
+    """The committed results file ``results/<gpu>/<topic>.json``, or None where there is none."""
+    try:
+        return results.load(topic, gpu=gpu)
+    except FileNotFoundError:
+        return None
+
+
+def _missing(rule: str, *topics: str) -> Verdict:
+    return Verdict(UNDECIDED, rule, {}, f"no results file {', '.join(f'{t}.json' for t in topics)}")
+
+
+def _card(res: results.Result) -> specs.GpuSpec | None:
+    return specs.lookup(res.provenance.get("gpu", ""))
+
+
+def _span(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}"
+
+
+# --- VRAM paradox ------------------------------------------------------------------------------------------
+
+
+def chain_memory_bound(load: Loader, gpu: str) -> Verdict:
+    rule = ("each kernel of the eager chain (bias add, GELU, LayerNorm; notebook 02's FLOP and byte counts) has "
+            "an intensity below the fp32 ridge (datasheet fp32 peak / measured copy bandwidth): all: confirmed, "
+            "none: refuted, some: partly")
+    roof = load("roofline", gpu)
+    if roof is None:
+        return _missing(rule, "roofline")
+    spec = _card(roof)
+    if spec is None:
+        return Verdict(UNDECIDED, rule, {}, f"no datasheet row for {roof.provenance.get('gpu')}")
+    copy = roof.where(probe="ceiling", what="copy")[0]["gbps"]
+    ridge = spec.fp32_tflops * 1e3 / copy
+    ops = [o for o in roofline.operations() if o["operation"].startswith("naive chain")]
+    below = [o["flops_per_byte"] < ridge for o in ops]
+    evidence = {"fp32 ridge (FLOP/byte)": round(ridge, 1),
+                **{o["operation"].split(": ")[1]: round(o["flops_per_byte"], 2) for o in ops}}
+    chain = load("naive_chain", gpu)
+    fwd = chain.where(what="chain", op="add+gelu+layer_norm") if chain else []
+    if fwd:
+        evidence["eager chain, % of copy"] = round(100 * fwd[0]["gbps"] / fwd[0]["copy_gbps"])
+    verdict = CONFIRMED if all(below) else REFUTED if not any(below) else PARTLY
+    return Verdict(verdict, rule, evidence)
+
+
+def _speedups(res: results.Result, pass_: str, timing: str) -> list[float]:
+    """eager time / fused time at every (dtype, N) measured with ``pass_`` and ``timing``."""
+    ms = {(r["dtype"], r["N"], r["impl"]): r["ms"] for r in res.records
+          if r["pass"] == pass_ and r.get("timing", "events") == timing}
+    return [ms[d, n, "eager"] / ms[d, n, "triton"] for d, n, impl in ms if impl == "triton" and (d, n, "eager") in ms]
+
+
+def fusion_speedup(load: Loader, gpu: str) -> Verdict:
+    rule = ("the fused kernel against eager PyTorch at every measured size and dtype: forward, and forward + "
+            "backward in device time (CUDA graph), each >= 3x: confirmed; only some of these >= 3x: partly; "
+            "the forward under 3x everywhere: refuted. 'The same FLOPs' is not tested: the fused kernel "
+            "computes the exact GELU in a cheaper form than eager's (notebook 04)")
+    res = load("fused_bias_gelu_layernorm", gpu)
+    if res is None:
+        return _missing(rule, "fused_bias_gelu_layernorm")
+    fwd = _speedups(res, "fwd", "events")
+    train = _speedups(res, "fwd+bwd", "graph")
+    called = _speedups(res, "fwd+bwd", "events")
+    if not fwd or not train:
+        return Verdict(UNDECIDED, rule, {}, "no forward, or no forward + backward timed in a CUDA graph")
+    evidence = {"forward x eager": _span(fwd), "forward+backward (CUDA graph) x eager": _span(train)}
+    if called:
+        evidence["forward+backward (called from Python) x eager"] = _span(called)
+    verdict = (CONFIRMED if min(fwd) >= 3 and min(train) >= 3 else REFUTED if max(fwd) < 3 else PARTLY)
+    return Verdict(verdict, rule, evidence)
+
+
+# S x S x D matrix products in one backward pass: standard attention's (dV, dP, dQ, dK), FlashAttention-2's
+# (those and the recomputed S), and this course's (separate dK/dV and dQ kernels, each recomputing S and dP).
+BACKWARD_PRODUCTS = {"standard": 4, "FlashAttention-2": 5, "this course's kernels": 7}
+
+
+def flash_backward(load: Loader, gpu: str) -> Verdict:
+    rule = ("the backward (forward+backward minus forward) of the Triton FlashAttention against standard "
+            "attention at every shape both ran; FLOPs by count of S x S x D products (standard 4, "
+            "FlashAttention-2 5, the course's 7); 'never stores N x N': its peak memory below standard's at "
+            "every S and growing at most 2.5x per doubling of S. More FLOPs, no N x N, faster everywhere: "
+            "confirmed; faster at some shapes only: partly; slower everywhere or an N x N footprint: refuted")
+    res = load("flash_attention", gpu)
+    if res is None:
+        return _missing(rule, "flash_attention")
+    timed = {(r["impl"], r["pass"], r["B"], r["H"], r["S"], r["D"], r["causal"]): r["ms"] for r in res.records
+             if r["status"] == "ok" and r["ms"] is not None}
+    shapes = sorted({k[2:] for k in timed})
+    bwd = {}
+    for shape in shapes:
+        try:
+            bwd[shape] = {impl: timed[(impl, "fwd+bwd", *shape)] - timed[(impl, "fwd", *shape)]
+                          for impl in ("naive", "triton")}
+        except KeyError:
+            continue
+    peak = {(r["impl"], r["S"]): r["peak_mem_bytes"] for r in res.records
+            if r["pass"] == "fwd+bwd" and r["ms"] is None and r["status"] == "ok" and r["peak_mem_bytes"]}
+    flash_s = sorted(s for impl, s in peak if impl == "triton")
+    if not bwd or len(flash_s) < 2:
+        return Verdict(UNDECIDED, rule, {}, "no backward timed for both implementations, or no memory sweep")
+    faster = [b["triton"] < b["naive"] for b in bwd.values()]
+    growth = max(2 ** (math.log(peak["triton", b] / peak["triton", a]) / math.log(b / a))  # per doubling of S
+                 for a, b in zip(flash_s, flash_s[1:]))
+    less = all(peak["triton", s] < peak["naive", s] for s in flash_s if ("naive", s) in peak)
+    more_flops = BACKWARD_PRODUCTS["this course's kernels"] > BACKWARD_PRODUCTS["standard"]
+    evidence = {"backward faster at": f"{sum(faster)} of {len(faster)} shapes",
+                "standard / flash backward time": _span([b["naive"] / b["triton"] for b in bwd.values()]),
+                "flash peak memory growth per doubling of S (max)": round(growth, 2),
+                "flash peak memory below standard's at every S": less,
+                "standard OOM at S": [s for s in flash_s if ("naive", s) not in peak]}
+    no_nxn = less and growth <= 2.5
+    verdict = (REFUTED if not (no_nxn and more_flops and any(faster)) else CONFIRMED if all(faster) else PARTLY)
+    return Verdict(verdict, rule, evidence)
+
+
+def memory_wall(load: Loader, gpu: str) -> Verdict:
+    rule = ("datasheets (helpers/specs.py), V100 SXM2 -> H100 SXM and -> H200: 16-bit tensor FLOP/s and plain "
+            "fp32 FLOP/s each grew more than HBM bandwidth: both: confirmed; tensor-core only: partly; "
+            "neither: refuted")
+    v100 = specs.by_name("V100 SXM2")
+    later = [specs.by_name("H100 SXM"), specs.by_name("H200")]
+    grow = {s.name: {"tensor": s.tensor_tflops / v100.tensor_tflops, "fp32": s.fp32_tflops / v100.fp32_tflops,
+                     "bandwidth": s.bandwidth_gbps / v100.bandwidth_gbps} for s in later}
+    tensor = all(g["tensor"] > g["bandwidth"] for g in grow.values())
+    fp32 = all(g["fp32"] > g["bandwidth"] for g in grow.values())
+    evidence = {f"V100 -> {name}": ", ".join(f"{k} x{v:.1f}" for k, v in g.items()) for name, g in grow.items()}
+    verdict = CONFIRMED if tensor and fp32 else PARTLY if tensor else REFUTED
+    return Verdict(verdict, rule, evidence)
+
+
+# --- Selectel: A100 40 GB against RTX 6000 Ada 48 GB ----------------------------------------------------------
+
+SEED_SETTING = {"attn": "eager", "lora_r": 16}  # notebook 06's main setting, the seed's (LoRA r = 16)
+
+
+def _sweep(load: Loader, gpu: str) -> list[dict] | None:
+    res = load("finetune", gpu)
+    if res is None:
+        return None
+    return [r for r in res.records if all(r.get(k) == v for k, v in SEED_SETTING.items())
+            and not r.get("point", "").endswith("/no-ckpt")]
+
+
+def a100_small_batches(load: Loader, gpu: str) -> Verdict:
+    rule = ("the part-by-part step model (results/<gpu>/step_parts.json: each part's measured time scaled by "
+            "the datasheet rate it depends on, the host's held fixed) projects the Ada's step time over the "
+            "A100's at batch <= 4, as a range (host added, or hidden): above 1 at every point: confirmed; below "
+            "1 at every point: refuted; a range that straddles 1: not decided")
+    parts = load("step_parts", gpu)
+    train = [r for r in parts.records if r.get("what") == "train_parts" and r["batch_size"] <= 4] if parts else []
+    if not train:
+        return Verdict(UNDECIDED, rule, {},
+                       "no measured part-by-part step model; the step model fitted to the sweep's step times "
+                       "has no bandwidth term that the data can separate, so it ranks the card with more FLOP/s "
+                       "first whatever the cards' bandwidths: it cannot rank the A100 against the Ada")
+    here = _card(parts)
+    if here is None:
+        return Verdict(UNDECIDED, rule, {}, f"no datasheet row for {parts.provenance.get('gpu')}")
+    a100, ada = specs.by_name("A100 40GB SXM"), specs.by_name("RTX 6000 Ada")
+    evidence, lows, highs = {}, [], []
+    for r in train:
+        terms = step_model.build_terms(r, here)
+        c = step_model.compare(terms, r["model"], r["batch_size"], r["mean_padded_len"], a100, ada)
+        lows.append(c["low"])
+        highs.append(c["high"])
+        evidence[f"{r['model']} batch {r['batch_size']}: Ada / A100 step time"] = (
+            f"{c['low']:.2f}-{c['high']:.2f}, decided by {c['deciding']}")
+    if min(lows) > 1:
+        return Verdict(CONFIRMED, rule, evidence)
+    if max(highs) < 1:
+        return Verdict(REFUTED, rule, evidence)
+    return Verdict(UNDECIDED, rule, evidence, "the projected range straddles 1 at some batch size")
+
+
+def oom_7b(load: Loader, gpu: str) -> Verdict:
+    rule = ("7B in notebook 06's seed setting (eager attention, r = 16): the first batch that runs out of memory "
+            "under a 40 GiB cap (the A100 stand-in) is 20-27 and comes before any under 48 GiB: confirmed; "
+            "the 40 GiB cap fails first, at another batch: partly; otherwise: refuted")
+    main = _sweep(load, gpu)
+    if main is None:
+        return _missing(rule, "finetune")
+    if analysis.status(main, "7b", 1, 40) is None or analysis.status(main, "7b", 1, 48) is None:
+        return Verdict(UNDECIDED, rule, {}, "7B not measured under both caps")
+    fo40, fo48 = (analysis.first_oom(main, "7b", cap) for cap in (40, 48))
+    largest48 = max(r["batch_size"] for r in analysis.train_runs(main, "7b", 48))
+    evidence = {"first OOM batch under 40 GiB": fo40,
+                "first OOM batch under 48 GiB": fo48 if fo48 is not None else f"none up to {largest48}"}
+    first = fo40 is not None and (fo48 is None or fo48 > fo40)
+    verdict = CONFIRMED if first and 20 <= fo40 <= 27 else PARTLY if first else REFUTED
+    return Verdict(verdict, rule, evidence)
+
+
+def only_48gb_70b(load: Loader, gpu: str) -> Verdict:
+    rule = ("70B in the seed setting (4-bit, r = 16): out of memory at batch 1 under a 40 GiB cap, trains at "
+            "batch 1 under 48 GiB and not at batch 2: confirmed; 40 GiB fails and 48 GiB trains batch 1 but "
+            "also batch 2: partly; 40 GiB trains or 48 GiB fails at batch 1: refuted")
+    main = _sweep(load, gpu)
+    if main is None:
+        return _missing(rule, "finetune")
+    got = {"batch 1 under 40 GiB": analysis.status(main, "70b", 1, 40),
+           "batch 1 under 48 GiB": analysis.status(main, "70b", 1, 48),
+           "batch 2 under 48 GiB": analysis.status(main, "70b", 2, 48)}
+    if None in got.values():
+        return Verdict(UNDECIDED, rule, got, "a point of the three was not measured")
+    b1_40, b1_48, b2_48 = got.values()
+    verdict = (REFUTED if b1_40 == "ok" or b1_48 != "ok" else CONFIRMED if b2_48 == "oom" else PARTLY)
+    return Verdict(verdict, rule, got)
+
+
+def ada_generates_faster(load: Loader, gpu: str) -> Verdict:
+    rule = ("stock generate()'s time per token, split into device and host (results/<gpu>/step_parts.json), "
+            "projected with the host's time held at its measured value and the device's scaled by HBM "
+            "bandwidth: the Ada faster at every context length and its lead growing with the context: "
+            "confirmed; faster but not more so for longer outputs, or faster at some lengths: partly; "
+            "slower at every length: refuted")
+    parts = load("step_parts", gpu)
+    decode = sorted((r for r in parts.records if r.get("what") == "decode_parts"), key=lambda r: r["context"]) \
+        if parts else []
+    if len(decode) < 2:
+        return Verdict(UNDECIDED, rule, {},
+                       "no measured split of decoding into the device's and the host's time at several output "
+                       "lengths; notebook 06's projection scales the host's overhead by the GPU clock, while "
+                       "notebook 07 shows stock decoding is paced by the host CPU")
+    here = _card(parts)
+    if here is None:
+        return Verdict(UNDECIDED, rule, {}, f"no datasheet row for {parts.provenance.get('gpu')}")
+    a100, ada = specs.by_name("A100 40GB SXM"), specs.by_name("RTX 6000 Ada")
+
+    def on(card: specs.GpuSpec, r: dict) -> float:
+        return r["host_s_per_token"] + r["device_s_per_token"] * here.bandwidth_gbps / card.bandwidth_gbps
+
+    lead = [on(a100, r) / on(ada, r) for r in decode]  # > 1: the Ada makes tokens faster
+    evidence = {f"context {r['context']}: Ada tokens/s over the A100's": round(x, 3) for r, x in zip(decode, lead)}
+    evidence["host share of the measured time per token"] = _span(
+        [r["host_s_per_token"] / r["s_per_token"] for r in decode if r["s_per_token"] > 0])
+    growing = all(b > a for a, b in zip(lead, lead[1:]))
+    if all(x > 1 for x in lead):
+        return Verdict(CONFIRMED if growing else PARTLY, rule, evidence)
+    return Verdict(PARTLY if any(x > 1 for x in lead) else REFUTED, rule, evidence)
+
+
+def two_gpus_70b(load: Loader, gpu: str) -> Verdict:
+    rule = ("a full-scale two-GPU run (results/<gpu>x2/fsdp.json): 70B QLoRA sharded with FSDP over 2 GPUs capped "
+            "at 40 GiB each trains, and the measured all-reduce bus bandwidth is above PCIe x16's (NVLink-class): "
+            "confirmed; it trains but the link is PCIe-class: partly; it does not train: refuted")
+    res = load("fsdp", f"{gpu}x2")
+    if res is None:
+        return _missing(rule, f"{gpu}x2/fsdp")
+    if res.provenance.get("scale") != "full":
+        return Verdict(UNDECIDED, rule, {}, f"the two-GPU run is at {res.provenance.get('scale')} scale")
+    big = [r for r in res.records if r.get("kind") == "train" and r["model"] == "70b" and r["strategy"] == "fsdp"
+           and r["gpus"] == 2 and r["cap_gb"] == 40]
+    if not big:
+        return Verdict(UNDECIDED, rule, {}, "no 70B run sharded over 2 GPUs capped at 40 GiB")
+    ok = [r for r in big if r["status"] == "ok"]
+    ar = [r["busbw_gbps"] for r in res.records if r.get("kind") == "allreduce"]
+    pcie = max(specs.PCIE_X16_GBPS.values())
+    evidence = {"largest batch per GPU that trains": max((r["batch_size"] for r in ok), default=None),
+                "tokens/s there": round(max(ok, key=lambda r: r["batch_size"])["tokens_per_s"]) if ok else None,
+                "all-reduce bus bandwidth (GB/s)": round(max(ar)) if ar else None,
+                "PCIe x16 (GB/s, datasheet)": pcie}
+    if not ok:
+        return Verdict(REFUTED, rule, evidence)
+    if not ar:
+        return Verdict(UNDECIDED, rule, evidence, "no all-reduce measured: the link is not characterised")
+    return Verdict(CONFIRMED if max(ar) > pcie else PARTLY, rule, evidence)
+
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim("chain-memory-bound", "the naive bias+GELU+LayerNorm chain is memory-bound (low arithmetic intensity)",
+          "VRAM paradox", ("02", "03"), chain_memory_bound),
+    Claim("fusion-3-4x", "fusing it gives 3-4x with the same FLOPs", "VRAM paradox", ("03", "04"), fusion_speedup),
+    Claim("flash-backward", "FlashAttention's backward does more FLOPs than standard attention yet runs faster "
+          "and never stores N x N", "VRAM paradox", ("05",), flash_backward),
+    Claim("memory-wall", "compute grows faster than bandwidth (the memory wall)", "VRAM paradox", ("01", "02"),
+          memory_wall),
+    Claim("a100-small-batches", "A100 trains small batches faster than Ada despite fewer cores", "Selectel",
+          ("06",), a100_small_batches),
+    Claim("7b-oom-batch-25", "7B: A100 40 GB OOMs at batch ~25 where Ada 48 GB does not", "Selectel", ("06",),
+          oom_7b),
+    Claim("70b-48gb-batch-1", "70B 4-bit + LoRA r16 trains on 48 GB at batch 1 only, not on 40 GB", "Selectel",
+          ("06",), only_48gb_70b),
+    Claim("ada-generates-faster", "Ada generates text faster, more so for longer outputs", "Selectel",
+          ("06", "07"), ada_generates_faster),
+    Claim("two-a100-nvlink-70b", "two A100s over NVLink are the practical way to train 70B", "Selectel", ("08",),
+          two_gpus_70b),
+)
+
+
+def default_gpu() -> str:
+    """This GPU's results folder at full scale when it has results, else the committed H200 run's."""
+    if SCALE == "full":
+        mine = results.gpu_slug()
+        if (results.results_dir() / mine).is_dir():
+            return mine
+    return "h200"
+
+
+def verdicts(gpu: str | None = None, load: Loader = committed) -> dict[str, Verdict]:
+    """Every claim's verdict from ``results/<gpu>/`` (default: :func:`default_gpu`), by claim id."""
+    gpu = gpu or default_gpu()
+    return {c.id: c.judge(load, gpu) for c in CLAIMS}
+
+
+def _evidence_text(evidence: dict) -> str:
+    return "; ".join(f"{k}: {v}" for k, v in evidence.items())
+
+
+def table(notebook: str | None = None, gpu: str | None = None, load: Loader = committed) -> pd.DataFrame:
+    """One row per claim (those ``notebook`` tests, or all): seed, notebooks, verdict (with why, when
+    undecided), rule and evidence."""
+    if notebook is not None and not any(notebook in c.notebooks for c in CLAIMS):
+        raise ValueError(f"no seed claim is tested in notebook {notebook!r}; "
+                         f"notebooks with claims: {sorted({n for c in CLAIMS for n in c.notebooks})}")
+    gpu = gpu or default_gpu()
+    rows = []
+    for c in CLAIMS:
+        if notebook is not None and notebook not in c.notebooks:
+            continue
+        v = c.judge(load, gpu)
+        rows.append({"claim": c.text, "seed": c.seed, "notebooks": ", ".join(c.notebooks),
+                     "verdict": f"{v.verdict}: {v.why}" if v.why else v.verdict, "rule": v.rule,
+                     "evidence": _evidence_text(v.evidence)})
+    return pd.DataFrame(rows)
+
+
+def show(notebook: str | None = None, gpu: str | None = None) -> None:
+    """Print the claims that ``notebook`` tests (or all), each with its verdict, the rule and the evidence."""
+    gpu = gpu or default_gpu()
+    print(f"Seed claims judged from results/{gpu}/ (the rule beside each verdict):")
+    for row in table(notebook, gpu).itertuples():
+        print(f"\n* {row.claim} ({row.seed}; notebook {row.notebooks})\n  verdict: {row.verdict}\n"
+              f"  rule: {row.rule}\n  evidence: {row.evidence or '-'}")

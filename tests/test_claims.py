@@ -1,0 +1,192 @@
+"""helpers.claims: each verdict follows from the records, and flips when the records say otherwise."""
+from pathlib import Path
+
+import pytest
+
+from helpers import claims, specs
+from helpers.claims import CONFIRMED, PARTLY, REFUTED, UNDECIDED
+from helpers.results import Result
+
+H200 = {"gpu": "NVIDIA H200", "scale": "full"}
+
+
+def loader(files: dict):
+    """A stand-in for the committed results: ``{(topic, gpu): records}``."""
+    def load(topic, gpu):
+        found = files.get((topic, gpu))
+        if found is None:
+            return None
+        provenance, records = found if isinstance(found, tuple) else (H200, found)
+        return Result(Path(f"stand-in/{gpu}/{topic}.json"), provenance, records)
+    return load
+
+
+def judge(claim_id: str, files: dict) -> claims.Verdict:
+    claim = next(c for c in claims.CLAIMS if c.id == claim_id)
+    return claim.judge(loader(files), "h200")
+
+
+def test_nine_claims_each_with_its_notebooks():
+    assert len(claims.CLAIMS) == 9 and len({c.id for c in claims.CLAIMS}) == 9
+    assert all(c.notebooks and all(len(n) == 2 for n in c.notebooks) for c in claims.CLAIMS)
+
+
+def test_committed_results_give_a_verdict_and_a_rule_for_every_claim():
+    got = claims.verdicts("h200")
+    for claim_id, v in got.items():
+        assert v.verdict in (CONFIRMED, REFUTED, PARTLY, UNDECIDED), claim_id
+        assert v.rule and (v.verdict != UNDECIDED or v.why), claim_id
+
+
+def test_missing_files_leave_every_results_claim_undecided():
+    for c in claims.CLAIMS:
+        if c.id != "memory-wall":  # read from the datasheets, not from results
+            assert c.judge(loader({}), "h200").verdict == UNDECIDED, c.id
+
+
+def _roofline(copy_gbps):
+    return {("roofline", "h200"): [{"probe": "ceiling", "what": "copy", "gbps": copy_gbps}]}
+
+
+def test_chain_memory_bound_flips_with_the_ridge():
+    assert judge("chain-memory-bound", _roofline(4000.0)).verdict == CONFIRMED  # fp32 ridge ~17 FLOP/byte
+    assert judge("chain-memory-bound", _roofline(30000.0)).verdict == PARTLY  # ridge 2.2: GELU above it
+    assert judge("chain-memory-bound", _roofline(1e6)).verdict == REFUTED  # ridge 0.07: every kernel above
+
+
+def _fused(fwd_x, graph_x):
+    recs = []
+    for n in (1024, 4096):
+        for pass_, timing, x in (("fwd", "events", fwd_x), ("fwd+bwd", "graph", graph_x)):
+            recs += [{"impl": "eager", "pass": pass_, "timing": timing, "dtype": "bf16", "N": n, "ms": x},
+                     {"impl": "triton", "pass": pass_, "timing": timing, "dtype": "bf16", "N": n, "ms": 1.0}]
+    return {("fused_bias_gelu_layernorm", "h200"): recs}
+
+
+def test_fusion_verdict_needs_forward_and_backward():
+    assert judge("fusion-3-4x", _fused(3.5, 3.2)).verdict == CONFIRMED
+    assert judge("fusion-3-4x", _fused(3.5, 2.5)).verdict == PARTLY
+    assert judge("fusion-3-4x", _fused(2.0, 2.5)).verdict == REFUTED
+
+
+def _attention(flash_bwd_ms, flash_peak_growth=2):
+    recs = []
+    for s in (1024, 2048):
+        for impl, bwd in (("naive", 3.0), ("triton", flash_bwd_ms)):
+            base = {"impl": impl, "B": 1, "H": 32, "S": s, "D": 128, "causal": False, "status": "ok"}
+            recs += [{**base, "pass": "fwd", "ms": 1.0, "peak_mem_bytes": None},
+                     {**base, "pass": "fwd+bwd", "ms": 1.0 + bwd, "peak_mem_bytes": None}]
+    for k, s in enumerate((1024, 2048, 4096)):
+        for impl, peak in (("naive", 4.0 ** k * 1e9), ("triton", flash_peak_growth ** k * 1e7)):
+            recs.append({"impl": impl, "pass": "fwd+bwd", "S": s, "B": 1, "H": 32, "D": 128, "causal": False,
+                         "status": "ok", "ms": None, "peak_mem_bytes": peak})
+    return {("flash_attention", "h200"): recs}
+
+
+def test_flash_backward_verdict_follows_time_and_memory():
+    assert judge("flash-backward", _attention(2.0)).verdict == CONFIRMED
+    assert judge("flash-backward", _attention(4.0)).verdict == REFUTED  # slower everywhere
+    assert judge("flash-backward", _attention(2.0, flash_peak_growth=4)).verdict == REFUTED  # an N x N footprint
+    files = _attention(2.0)
+    for r in files["flash_attention", "h200"]:
+        if r["impl"] == "triton" and r["S"] == 2048 and r["pass"] == "fwd+bwd" and r["ms"] is not None:
+            r["ms"] = 1.0 + 4.0  # slower at one of the two shapes
+    assert judge("flash-backward", files).verdict == PARTLY
+
+
+def test_memory_wall_follows_the_datasheets(monkeypatch):
+    assert judge("memory-wall", {}).verdict == PARTLY  # tensor FLOP/s outgrew bandwidth, fp32 did not
+    real = specs.by_name
+    slow_v100 = {"V100 SXM2": dict(fp32_tflops=1.0)}
+
+    def by_name(name):
+        row = real(name)
+        return row if name not in slow_v100 else type(row)(**{**row.__dict__, **slow_v100[name]})
+    monkeypatch.setattr(claims.specs, "by_name", by_name)
+    assert judge("memory-wall", {}).verdict == CONFIRMED
+
+
+def _parts(train_bandwidth_ms=None, decode=None):
+    recs = []
+    if train_bandwidth_ms is not None:
+        recs.append({"what": "train_parts", "model": "7b", "batch_size": 1, "mean_padded_len": 300.0,
+                     "matmul ms": 100.0, "nf4 dequantise ms": train_bandwidth_ms, "softmax ms": train_bandwidth_ms,
+                     "optimizer ms": train_bandwidth_ms, "element-wise ms": train_bandwidth_ms, "host ms": 10.0})
+    for context, device, host in decode or []:
+        recs.append({"what": "decode_parts", "context": context, "s_per_token": device + host,
+                     "device_s_per_token": device, "host_s_per_token": host})
+    return {("step_parts", "h200"): recs}
+
+
+def test_a100_small_batches_needs_the_part_model_and_flips_with_its_parts():
+    assert judge("a100-small-batches", {}).verdict == UNDECIDED
+    assert judge("a100-small-batches", _parts(train_bandwidth_ms=300.0)).verdict == CONFIRMED  # bandwidth-heavy
+    assert judge("a100-small-batches", _parts(train_bandwidth_ms=0.01)).verdict == REFUTED  # all tensor FLOPs
+
+
+def test_ada_generation_verdict_from_the_host_device_split():
+    assert judge("ada-generates-faster", {}).verdict == UNDECIDED
+    # host-bound: the same on both cards, the A100's bandwidth makes the device part shorter -> A100 ahead
+    assert judge("ada-generates-faster", _parts(decode=[(64, 0.01, 0.02), (1024, 0.012, 0.02)])).verdict == REFUTED
+
+
+def test_ada_generation_confirmed_when_the_projection_favours_the_ada(monkeypatch):
+    real = specs.by_name
+
+    def by_name(name):  # an Ada with more bandwidth than the A100: the claim must then hold
+        row = real(name)
+        return type(row)(**{**row.__dict__, "bandwidth_gbps": 5000.0}) if name == "RTX 6000 Ada" else row
+    monkeypatch.setattr(claims.specs, "by_name", by_name)
+    growing = [(64, 0.01, 0.02), (1024, 0.02, 0.02), (2048, 0.04, 0.02)]
+    assert judge("ada-generates-faster", _parts(decode=growing)).verdict == CONFIRMED
+    flat = [(64, 0.02, 0.0), (1024, 0.02, 0.0)]
+    assert judge("ada-generates-faster", _parts(decode=flat)).verdict == PARTLY
+
+
+def _sweep(statuses):
+    """Training records of the seed setting: {(model, cap, batch): status}."""
+    return {("finetune", "h200"): [{"kind": "train", "model": m, "cap_gb": cap, "batch_size": b, "status": s,
+                                    "attn": "eager", "lora_r": 16, "point": f"train/{m}/{cap}/{b}"}
+                                   for (m, cap, b), s in statuses.items()]}
+
+
+def test_7b_oom_verdict_follows_the_first_oom():
+    def runs(oom40, oom48):
+        return _sweep({("7b", cap, b): ("oom" if first and b >= first else "ok")
+                       for cap, first in ((40, oom40), (48, oom48)) for b in (1, 16, 25, 32)})
+    assert judge("7b-oom-batch-25", runs(25, None)).verdict == CONFIRMED
+    assert judge("7b-oom-batch-25", runs(32, None)).verdict == PARTLY
+    assert judge("7b-oom-batch-25", runs(25, 25)).verdict == REFUTED
+
+
+def test_70b_verdict_follows_the_three_points():
+    def runs(b1_40, b1_48, b2_48):
+        return _sweep({("70b", 40, 1): b1_40, ("70b", 48, 1): b1_48, ("70b", 48, 2): b2_48})
+    assert judge("70b-48gb-batch-1", runs("oom", "ok", "oom")).verdict == CONFIRMED
+    assert judge("70b-48gb-batch-1", runs("oom", "ok", "ok")).verdict == PARTLY
+    assert judge("70b-48gb-batch-1", runs("ok", "ok", "oom")).verdict == REFUTED
+    assert judge("70b-48gb-batch-1", _sweep({("70b", 40, 1): "oom"})).verdict == UNDECIDED
+
+
+def _fsdp(status, busbw, scale="full"):
+    recs = [{"kind": "train", "model": "70b", "strategy": "fsdp", "gpus": 2, "cap_gb": 40, "batch_size": 1,
+             "status": status, "tokens_per_s": 300.0},
+            {"kind": "allreduce", "busbw_gbps": busbw}]
+    return {("fsdp", "h200x2"): ({**H200, "scale": scale}, recs)}
+
+
+def test_two_gpu_verdict_follows_memory_link_and_scale():
+    assert judge("two-a100-nvlink-70b", _fsdp("ok", 300.0)).verdict == CONFIRMED
+    assert judge("two-a100-nvlink-70b", _fsdp("ok", 20.0)).verdict == PARTLY
+    assert judge("two-a100-nvlink-70b", _fsdp("oom", 300.0)).verdict == REFUTED
+    assert judge("two-a100-nvlink-70b", _fsdp("ok", 300.0, scale="smoke")).verdict == UNDECIDED
+
+
+def test_table_filters_by_notebook_and_rejects_an_unknown_one(capsys):
+    t = claims.table(notebook="06", gpu="h200")
+    assert len(t) == 4 and all("06" in n for n in t["notebooks"])
+    claims.show(notebook="04", gpu="h200")
+    out = capsys.readouterr().out
+    assert "fusing it gives 3-4x" in out and "rule:" in out
+    with pytest.raises(ValueError, match="notebook '09'"):
+        claims.table(notebook="09")
