@@ -97,6 +97,14 @@ def _error(got: torch.Tensor, ref: torch.Tensor) -> float:
     return (got - ref).norm().item() / (scale if scale > 0 else 1.0)
 
 
+def _learner_line(error: BaseException) -> str:
+    """Where in the learner's own code ``error`` was raised: the deepest frame outside the installed
+    packages and this module, as " (line N: code)"; empty if there is none."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if "site-packages" not in f.filename and f.filename != __file__]
+    return f" (line {frames[-1].lineno}: {(frames[-1].line or '').strip()[:60]})" if frames else ""
+
+
 class CodeCheck:
     """Runs an answer on every case and compares it with a float64 reference.
 
@@ -154,8 +162,8 @@ class CodeCheck:
         except NotImplementedError:
             raise NotAttempted from None
         except Exception as error:  # the learner's code: report it, do not crash the cell
-            where = traceback.extract_tb(error.__traceback__)[-1]
-            return f"raised: {type(error).__name__}: {error}".splitlines()[0][:160], "-", f"line {where.lineno}"
+            message = f"{type(error).__name__}: {error}".splitlines()[0][:160]
+            return f"raised: {message}{_learner_line(error)}", "-", "-"
         if out is None:
             return "type: returned None (did you forget `return`?)", "-", "-"
         got = _as_tuple(out)

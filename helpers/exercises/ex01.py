@@ -39,7 +39,9 @@ ROW_SUM = CodeCheck(
     out_dtypes=lambda case: (torch.float32,),
     tolerance=lambda case: 1e-5,  # the sums are float32 whatever the input's dtype
     hints={"value": "Wrong sums. Is the mask `cols < n_cols` (not <=, not BLOCK)? Does row r start at "
-                    "`r * n_cols`? Do masked lanes load 0 (`other=0.0`)?",
+                    "`r * n_cols`? Do masked lanes load 0 (`other=0.0`)? If only the bfloat16 cases fail: convert "
+                    "the loaded values with `.to(tl.float32)` before `tl.sum` (the interpreter's bfloat16 "
+                    "arithmetic is wrong, and a float32 sum is the accurate one anyway).",
            "unwritten": "Some rows were never written: launch one program per row, grid `(x.shape[0],)`.",
            "raised": "`tl.arange` needs a power-of-two length: use `BLOCK = triton.next_power_of_2(n_cols)` "
                      "and mask the extra lanes."})
