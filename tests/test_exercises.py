@@ -205,6 +205,16 @@ def test_crash_and_wrong_shape_are_reported(check_id, capsys):
     assert check.check(42) is False and "must be a function" in capsys.readouterr().out
 
 
+def test_not_implemented_deeper_down_is_a_crash(capsys):
+    """A NotImplementedError from something the answer calls is a failure to report, not a skeleton."""
+    def unsupported(*args):
+        raise NotImplementedError("this op has no CPU kernel")
+
+    assert CHECKS["05.1"].check(lambda *args: unsupported(*args), seed=1) is False
+    out = capsys.readouterr().out
+    assert "raised: NotImplementedError: this op has no CPU kernel" in out and "not attempted" not in out
+
+
 def test_unwritten_elements_are_caught(capsys):
     """The poisoned outputs make a store that misses the last column fail as "unwritten"."""
     assert CHECKS["02.1"].check(softmax_store_off_by_one, seed=1) is False

@@ -41,15 +41,12 @@ class NotAttempted(Exception):
     """Raised inside a check when the answer is still the skeleton."""
 
 
-def _where(check_id: str) -> str:
-    module = f"helpers/exercises/ex{check_id.split('.')[0]}.py"
-    return (f"the solution is `helpers.exercises.CHECKS[{check_id!r}].solution` (print its source with "
-            f"`inspect.getsource(CHECKS[{check_id!r}].solution)`), in {module}")
-
-
-def _say_not_attempted(check_id: str) -> bool:
-    print(f"{check_id}: not attempted yet. Write your answer in the cell above and run this cell again; "
-          f"if you are stuck, {_where(check_id)}.")
+def _say_not_attempted(check_id: str, code: bool) -> bool:
+    handle = f"CHECKS[{check_id!r}]"
+    where = (f"The solution is `{handle}.solution` (its source: `inspect.getsource({handle}.solution)`)" if code else
+             f"The reference is `{handle}.solution`, and `{handle}.explanation` says how it is obtained")
+    print(f"{check_id}: not attempted yet. Write your answer in the cell above, run it, then run this cell again. "
+          f"Stuck? {where}, in helpers/exercises/ex{check_id.split('.')[0]}.py.")
     return False
 
 
@@ -97,6 +94,14 @@ def _error(got: torch.Tensor, ref: torch.Tensor) -> float:
     return (got - ref).norm().item() / (scale if scale > 0 else 1.0)
 
 
+def _raised_by(answer: Callable, error: BaseException) -> bool:
+    """Whether ``error`` was raised by ``answer``'s own body (not by something it called)."""
+    tb = error.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code is getattr(answer, "__code__", None)
+
+
 def _learner_line(error: BaseException) -> str:
     """Where in the learner's own code ``error`` was raised: the deepest frame outside the installed
     packages and this module, as " (line N: code)"; empty if there is none."""
@@ -126,7 +131,7 @@ class CodeCheck:
     def check(self, answer: Callable | None, seed: int | None = None) -> bool:
         """Try ``answer`` on every case (fresh random inputs unless ``seed``), print a table and hints."""
         if answer is None:
-            return _say_not_attempted(self.id)
+            return _say_not_attempted(self.id, code=True)
         if not callable(answer):
             print(f"{self.id}: the answer must be a function (a callable), got {type(answer).__name__}.")
             return False
@@ -137,7 +142,7 @@ class CodeCheck:
             try:
                 verdict, error, shape = self._run(answer, case, generator)
             except NotAttempted:
-                return _say_not_attempted(self.id)
+                return _say_not_attempted(self.id, code=True)
             rows.append((case.label, str(case.dtype).replace("torch.", ""), verdict, error, shape))
             if verdict != "pass":
                 failures.append(verdict.split(":")[0])
@@ -159,8 +164,10 @@ class CodeCheck:
         try:
             with poisoned_allocations():
                 out = answer(*args)
-        except NotImplementedError:
-            raise NotAttempted from None
+        except NotImplementedError as error:
+            if _raised_by(answer, error):  # the skeleton's own `raise NotImplementedError`
+                raise NotAttempted from None
+            return f"raised: NotImplementedError: {error}"[:160] + _learner_line(error), "-", "-"
         except Exception as error:  # the learner's code: report it, do not crash the cell
             message = f"{type(error).__name__}: {error}".splitlines()[0][:160]
             return f"raised: {message}{_learner_line(error)}", "-", "-"
@@ -243,7 +250,7 @@ class NumberCheck:
     def check(self, answer: float | int | None) -> bool:
         """Compare ``answer`` with the reference and print the reference, the rule and its derivation."""
         if answer is None:
-            return _say_not_attempted(self.id)
+            return _say_not_attempted(self.id, code=False)
         if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
             print(f"{self.id}: the answer must be a finite number, got {answer!r}.")
             return False
