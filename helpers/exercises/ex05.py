@@ -1,0 +1,110 @@
+"""Exercises of notebook 05 (FlashAttention): merging two online-softmax states, the tiles a causal kernel
+visits, and the memory of standard attention."""
+from __future__ import annotations
+
+import torch
+
+from .. import device, results
+from .checks import Case, CodeCheck, NumberCheck, on_device
+
+
+def combine_states(m1: torch.Tensor, l1: torch.Tensor, acc1: torch.Tensor,
+                   m2: torch.Tensor, l2: torch.Tensor, acc2: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Solution of 05.1: the online-softmax state (m, l, acc) of two tiles of keys from each tile's own."""
+    m = torch.maximum(m1, m2)
+    a1, a2 = torch.exp(m1 - m), torch.exp(m2 - m)
+    return m, a1 * l1 + a2 * l2, a1[:, None] * acc1 + a2[:, None] * acc2
+
+
+def _state(scores: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    m = scores.max(dim=1).values
+    p = torch.exp(scores - m[:, None]).nan_to_num(0.0)  # a fully masked row: m = -inf, p = 0
+    return m, p.sum(dim=1), p @ values
+
+
+def _combine_inputs(case: Case, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    rows, t1, t2, d = case.params["shape"]
+    scores = 3 * torch.randn(rows, t1 + t2, generator=generator, dtype=torch.float64)
+    if case.params.get("masked"):  # a causal mask hides all of tile 2 from the first rows
+        scores[: rows // 2, t1:] = -float("inf")
+    values = torch.randn(t1 + t2, d, generator=generator, dtype=torch.float64)
+    states = _state(scores[:, :t1], values[:t1]) + _state(scores[:, t1:], values[t1:])
+    return tuple(on_device(s.to(case.dtype)) for s in states)
+
+
+def _combine_reference(m1, l1, acc1, m2, l2, acc2) -> tuple[torch.Tensor, ...]:
+    """The merged state in float64, rescaling each tile's sums to the common maximum."""
+    m1, l1, acc1, m2, l2, acc2 = (t.detach().cpu().double() for t in (m1, l1, acc1, m2, l2, acc2))
+    m = torch.maximum(m1, m2)
+    return m, l1 * torch.exp(m1 - m) + l2 * torch.exp(m2 - m), \
+        acc1 * torch.exp(m1 - m)[:, None] + acc2 * torch.exp(m2 - m)[:, None]
+
+
+COMBINE = CodeCheck(
+    "05.1", "combine_states(m1, l1, acc1, m2, l2, acc2) -> (m, l, acc): the online-softmax update of two tiles",
+    solution=combine_states, make_inputs=_combine_inputs, reference=_combine_reference,
+    cases=[Case(f"{r} rows, tiles {t1}+{t2}, d={d}" + (", tile 2 masked for half the rows" if masked else ""),
+                torch.float32, {"shape": (r, t1, t2, d), "masked": masked})
+           for (r, t1, t2, d), masked in device.pick(
+               full=[((64, 64, 64, 128), False), ((37, 16, 53, 64), False), ((64, 64, 64, 128), True)],
+               smoke=[((5, 4, 6, 16), False), ((7, 8, 3, 33), False), ((6, 4, 4, 16), True)])],
+    out_dtypes=lambda case: (case.dtype,) * 3,
+    hints={"value": "Wrong (m, l, acc). Both tiles' sums must be rescaled to the common maximum m = max(m1, m2): "
+                    "l = exp(m1 - m) * l1 + exp(m2 - m) * l2, and acc the same way (one factor a row, so "
+                    "broadcast it over acc's columns with [:, None]).",
+           "unwritten": "NaN in the result: with a fully masked tile, m2 = -inf and l2 = 0; exp(m2 - m) is then "
+                        "exp(-inf) = 0, fine, but exp(m - m2) or m2 - m2 is NaN. Rescale by exp(m_i - m) only."})
+
+
+def causal_tile_plan(seq_len: int, block_m: int, block_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Solution of 05.2: for each (query tile, key tile), whether a causal kernel must visit it, and
+    whether it needs the mask (it holds both allowed and hidden pairs)."""
+    n_m, n_n = -(-seq_len // block_m), -(-seq_len // block_n)
+    first_q = torch.arange(n_m)[:, None] * block_m
+    last_q = torch.clamp(first_q + block_m - 1, max=seq_len - 1)
+    first_k = torch.arange(n_n)[None, :] * block_n
+    last_k = torch.clamp(first_k + block_n - 1, max=seq_len - 1)
+    visit = first_k <= last_q  # some key in the tile is at or before some query
+    return visit, visit & (last_k > first_q)  # ...and some key after some query: mask needed
+
+
+def _tile_reference(seq_len: int, block_m: int, block_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Brute force: the causal mask of every (query, key) pair, cut into tiles."""
+    allowed = torch.arange(seq_len)[None, :] <= torch.arange(seq_len)[:, None]
+    n_m, n_n = -(-seq_len // block_m), -(-seq_len // block_n)
+    visit, partial = torch.zeros(n_m, n_n, dtype=torch.bool), torch.zeros(n_m, n_n, dtype=torch.bool)
+    for i in range(n_m):
+        for j in range(n_n):
+            tile = allowed[i * block_m:(i + 1) * block_m, j * block_n:(j + 1) * block_n]
+            visit[i, j], partial[i, j] = tile.any(), tile.any() and not tile.all()
+    return visit, partial
+
+
+CAUSAL_TILES = CodeCheck(
+    "05.2", "causal_tile_plan(seq_len, block_m, block_n) -> (visit, needs_mask): which tiles a causal kernel runs",
+    solution=causal_tile_plan, make_inputs=lambda case, generator: case.params["args"], reference=_tile_reference,
+    cases=[Case(f"S={s}, tiles {bm} x {bn}", torch.bool, {"args": (s, bm, bn)})
+           for s, bm, bn in ((37, 16, 16), (100, 32, 16), (64, 16, 32), (33, 16, 16), (130, 64, 32), (5, 16, 16))],
+    out_dtypes=lambda case: (torch.bool, torch.bool),
+    hints={"value": "Wrong tiles (the error is the fraction of tiles that differ). Query q may see key k when "
+                    "k <= q (the diagonal is allowed). Compare positions, not tile indices (block_m and block_n "
+                    "may differ): a tile is visited if its first key <= its last query, and needs the mask if "
+                    "also its last key > its first query. The last tiles end at seq_len - 1, not at their edge.",
+           "dtype": "Return two bool tensors (comparisons give bool; do not convert to int)."})
+
+
+def _naive_memory() -> tuple[float, str]:
+    saved = results.load("flash_attention", gpu="h200")
+    shape = {"B": 16, "H": 32, "S": 1024, "D": 64}
+    row = saved.where(impl="naive", causal=False, status="ok", **{"pass": "fwd"}, **shape)[0]
+    scores = shape["B"] * shape["H"] * shape["S"] ** 2 * 2
+    return row["peak_mem_bytes"] / 1e9, (
+        f"results/h200/flash_attention.json ({saved.describe()}): the standard attention's forward held "
+        f"{row['peak_mem_bytes'] / 1e9:.2f} GB above its inputs. One S x S bf16 matrix for all B x H heads is "
+        f"{scores / 1e9:.2f} GB; the forward keeps two (the scores and the probabilities), plus the output")
+
+
+NAIVE_MEMORY = NumberCheck("05.3", "GB the standard attention's forward held at its peak, B=16, H=32, S=1024, "
+                           "D=64, bf16, on the H200", _naive_memory, tolerance=0.15, relative=True, unit="GB")
+
+CHECKS = (COMBINE, CAUSAL_TILES, NAIVE_MEMORY)
