@@ -67,9 +67,9 @@ def test_bad_input_is_refused_with_a_clear_error():
         L.simple_forward(torch.randn(64, 4, device=DEV).t(), b, w, lb)
     with pytest.raises(ValueError, match="one device"):
         L.simple_forward(x, b.to("meta"), w, lb)
-    wide = torch.empty(1, L.MAX_N + 1, device="meta")
+    wide = torch.zeros(1, L.MAX_N + 1, device=DEV)
     with pytest.raises(ValueError, match="wider than one block"):
-        L.simple_forward(wide, *(torch.empty(L.MAX_N + 1, device="meta") for _ in range(3)))
+        L.simple_forward(wide, *(torch.zeros(L.MAX_N + 1, device=DEV) for _ in range(3)))
     with pytest.raises(ValueError, match="gelu must be"):
         L.simple_forward(x, b, w, lb, gelu="tanh")
     with pytest.raises(ValueError, match="rows must be a power of two"):
