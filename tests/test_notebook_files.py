@@ -9,7 +9,8 @@ import pytest
 from helpers.notebook_files import KERNELSPEC, clean_metadata
 from helpers.results import REPO_ROOT
 
-NOTEBOOKS = [*sorted((REPO_ROOT / "notebooks").glob("*.ipynb")), *sorted((REPO_ROOT / "notebooks").glob("appendix/*.ipynb"))]
+NOTEBOOKS = [*sorted((REPO_ROOT / "notebooks").glob("*.ipynb")),
+             *sorted((REPO_ROOT / "notebooks").glob("appendix/*.ipynb"))]
 
 
 def _editor_saved() -> dict:
