@@ -1,13 +1,16 @@
 """Notebook metadata: the committed notebooks clean, and every save (JupyterLab's, the executor's) cleans."""
 import importlib.util
 import json
+import subprocess
+import sys
 
 import pytest
 
 from helpers.notebook_files import KERNELSPEC, clean, clean_metadata, clean_outputs, collapse_redraws
 from helpers.results import REPO_ROOT
 
-NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = [*sorted((REPO_ROOT / "notebooks").glob("*.ipynb")),
+             *sorted((REPO_ROOT / "notebooks").glob("appendix/*.ipynb"))]
 
 
 def _editor_saved() -> dict:
@@ -27,7 +30,7 @@ def test_clean_metadata_keeps_the_kernel_the_language_the_tags_and_the_timings()
     assert clean_metadata(json.loads(json.dumps(nb))) == nb  # once clean, it stays as it is
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.relative_to(REPO_ROOT / "notebooks").as_posix() for p in NOTEBOOKS])
 def test_committed_notebooks_are_clean(path):
     nb = json.loads(path.read_text())
     assert clean(json.loads(json.dumps(nb))) == nb, f"{path.name}: run python -m helpers.notebook_files {path.name}"
@@ -95,3 +98,14 @@ def test_jupyterlab_saves_through_the_cleaning_hook():
     other = {"type": "file", "content": "text"}
     Config.FileContentsManager.pre_save_hook(model=other, path="x.txt", contents_manager=None)
     assert other == {"type": "file", "content": "text"}
+
+
+def test_appendix_notebooks_are_collected_after_the_numbered_ones():
+    """pytest (testpaths: tests, notebooks) collects notebooks/appendix/ too, after 00-08: the conftest scheduler runs
+    every notebook cell on one worker in collection order, so an appendix notebook runs after its parent."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          "--nbval-lax", "notebooks"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    files = list(dict.fromkeys(line.split("::")[0] for line in out.stdout.splitlines() if ".ipynb::" in line))
+    appendix = sorted(p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "notebooks").glob("appendix/*.ipynb"))
+    assert appendix and files[-len(appendix):] == appendix, out.stdout[-2000:] + out.stderr[-2000:]
+    assert all(not f.startswith("notebooks/appendix/") for f in files[:-len(appendix)])
