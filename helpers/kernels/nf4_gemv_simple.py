@@ -15,8 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernel is defined
-from . import check_triton_device
+from . import check_triton_device  # the package switches Triton to its interpreter first (no GPU)
 from .nf4_gemv import DTYPES, NF4Operands, nf4_operands
 
 BLOCK_N, BLOCK_K = 16, 256  # outputs a program, weights of K a loop step (a GPU: 16 x 128 bytes a step)
