@@ -246,14 +246,9 @@ def cell_sources(cells: list[dict]) -> str:
 
 
 def ids_in_notebook(number: str) -> set[str]:
-    """The exercise ids a notebook's cells name. Until the lead appends pending_cells/NN.json to notebooks
-    04 and 07 (they were being restructured), those cells count too. (Remove this fallback after merging.)"""
+    """The exercise ids a notebook's cells name."""
     notebook = next((ROOT / "notebooks").glob(f"{number}_*.ipynb"))
-    found = set(ID_PATTERN.findall(cell_sources(json.loads(notebook.read_text())["cells"])))
-    pending = ROOT / "pending_cells" / f"{number}.json"
-    if not found and pending.exists():
-        found = set(ID_PATTERN.findall(cell_sources(json.loads(pending.read_text()))))
-    return found
+    return set(ID_PATTERN.findall(cell_sources(json.loads(notebook.read_text())["cells"])))
 
 
 @pytest.mark.parametrize("number", [f"{n:02d}" for n in range(1, 9)])
