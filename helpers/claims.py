@@ -258,12 +258,12 @@ def ada_generates_faster(load: Loader, gpu: str) -> Verdict:
             "confirmed; faster but not more so for longer outputs, or faster at some lengths: partly; "
             "slower at every length: refuted")
     parts = load("step_parts", gpu)
-    decode = sorted((r for r in parts.records if r.get("what") == "decode_parts"), key=lambda r: r["context"]) \
-        if parts else []
+    decode = sorted((r for r in parts.records if r.get("what") == "decode_parts" and r.get("kv_cache")),
+                    key=lambda r: r["context"]) if parts else []
     if len(decode) < 2:
         return Verdict(UNDECIDED, rule, {},
-                       "no measured split of decoding into the device's and the host's time at several output "
-                       "lengths; notebook 06's projection scales the host's overhead by the GPU clock, while "
+                       "no measured split of decoding (with the KV cache) into the device's and the host's time "
+                       "at several output lengths; notebook 06's projection scales the host's overhead by the GPU clock, while "
                        "notebook 07 shows stock decoding is paced by the host CPU")
     here = _card(parts)
     if here is None:

@@ -116,13 +116,14 @@ def _one_card(res: results.Result) -> list[tuple[str, str, str]]:
         if parts:
             rows.append((f"QLoRA on one GPU capped at {cap} GiB ({card} stand-in)", ", ".join(parts),
                          "; ".join(notes) or "eager attention, r = 16, texts cut at 1,024 tokens"))
-    gen = [r for r in res.records if r["kind"] == "generate" and r["status"] == "ok"
-           and r.get("attn") == seed["attn"] and r.get("lora_r") == seed["lora_r"]]
+    gen = [r for r in analysis.generate_runs(res.records)
+           if r.get("attn") == seed["attn"] and r.get("lora_r") == seed["lora_r"]]
     speeds = {m: [r["tokens_per_s"] for r in gen if r["model"] == m] for m in ("7b", "13b", "70b")}
     if all(speeds.values()):
         rows.append(("4-bit generate() at batch 1, stock transformers + bitsandbytes",
                      ", ".join(f"{m.upper()} {min(v):.0f}-{max(v):.0f}" for m, v in speeds.items()) + " tokens/s",
-                     "every cap and length (64 to 512 new tokens)"))
+                     "KV cache on; " + ", ".join(sorted({"whole card" if r.get("cap_gb") is None else f"{r['cap_gb']:g} GiB"
+                                                          for r in gen})) + "; 64 to 512 new tokens"))
     return rows
 
 

@@ -113,7 +113,7 @@ def _parts(train_bandwidth_ms=None, decode=None):
                      "matmul ms": 100.0, "nf4 dequantise ms": train_bandwidth_ms, "softmax ms": train_bandwidth_ms,
                      "optimizer ms": train_bandwidth_ms, "element-wise ms": train_bandwidth_ms, "host ms": 10.0})
     for context, device, host in decode or []:
-        recs.append({"what": "decode_parts", "context": context, "s_per_token": device + host,
+        recs.append({"what": "decode_parts", "kv_cache": True, "context": context, "s_per_token": device + host,
                      "device_s_per_token": device, "host_s_per_token": host})
     return {("step_parts", "h200"): recs}
 
@@ -128,6 +128,9 @@ def test_ada_generation_verdict_from_the_host_device_split():
     assert judge("ada-generates-faster", {}).verdict == UNDECIDED
     # host-bound: the same on both cards, the A100's bandwidth makes the device part shorter -> A100 ahead
     assert judge("ada-generates-faster", _parts(decode=[(64, 0.01, 0.02), (1024, 0.012, 0.02)])).verdict == REFUTED
+    uncached = {key: [{**r, "kv_cache": False} for r in recs]
+                for key, recs in _parts(decode=[(64, 0.01, 0.02), (1024, 0.012, 0.02)]).items()}
+    assert judge("ada-generates-faster", uncached).verdict == UNDECIDED  # timed without the KV cache: no evidence
 
 
 def test_ada_generation_confirmed_when_the_projection_favours_the_ada(monkeypatch):

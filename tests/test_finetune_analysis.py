@@ -43,7 +43,7 @@ def test_fit_never_returns_negative_terms():
 
 
 def test_decode_projection_scales_overhead_with_clock_only_when_asked():
-    records = [{"kind": "generate", "model": m, "status": "ok", "new_tokens": n, "cap_gb": None,
+    records = [{"kind": "generate", "model": m, "status": "ok", "new_tokens": n, "cap_gb": None, "kv_cache": True,
                 "seconds": n * (0.002 * analysis.MODELS[m].num_hidden_layers)}
                for m in ("7b", "13b") for n in (64, 512)]
     fit = analysis.fit_decode_model(records, H200)
@@ -51,6 +51,15 @@ def test_decode_projection_scales_overhead_with_clock_only_when_asked():
     plain = analysis.project_decode(fit, records[0], ADA, H200, clock_scaled=False)
     scaled = analysis.project_decode(fit, records[0], ADA, H200, clock_scaled=True)
     assert scaled > plain  # the Ada's 2,505 MHz beats the H200's 1,980 MHz
+
+
+def test_generation_timed_without_the_kv_cache_is_left_out():
+    cached = {"kind": "generate", "model": "7b", "status": "ok", "new_tokens": 64, "kv_cache": True}
+    records = [cached, {**cached, "kv_cache": False}, {k: v for k, v in cached.items() if k != "kv_cache"},
+               {**cached, "status": "oom"}]
+    assert analysis.generate_runs(records) == [cached]
+    with pytest.raises(ValueError, match="at least 2"):
+        analysis.fit_decode_model(records, H200)
 
 
 def test_seed_table_first_oom_and_status():

@@ -85,9 +85,15 @@ def project_step(fit: dict, record: dict, card: GpuSpec) -> dict:
     return {**parts, "step_s": sum(parts.values())}
 
 
+def generate_runs(records: list[dict]) -> list[dict]:
+    """The finished generation records timed with the KV cache on (each new token one pass over one
+    position); a record without ``kv_cache`` re-read the whole sequence for every token and is left out."""
+    return [r for r in records if r.get("kind") == "generate" and r.get("status") == "ok" and r.get("kv_cache")]
+
+
 def fit_decode_model(records: list[dict], card: GpuSpec, prompt_tokens: int = 32) -> dict:
     """Fit seconds per new token = bytes_factor * bytes / bandwidth + overhead per layer."""
-    rows = [r for r in records if r.get("kind") == "generate" and r.get("status") == "ok" and r["model"] in MODELS]
+    rows = [r for r in generate_runs(records) if r["model"] in MODELS]
     if len(rows) < 2:
         raise ValueError(f"need at least 2 generation measurements to fit, got {len(rows)}")
     x = np.stack([decode_features(r, card, prompt_tokens) for r in rows])

@@ -24,7 +24,7 @@ from .timing import sync
 
 def run_generate(spec: PointSpec, data: TokenizedData, device: torch.device) -> list[dict]:
     """Seconds and tokens/s of greedy ``generate()`` at batch 1 for each count of new tokens."""
-    base = {"kind": "generate", **base_record(spec, device)}
+    base = {"kind": "generate", **base_record(spec, device), "kv_cache": True}
     if device.type == "cuda":
         base.update(apply_cap(spec.cap_gb))
     try:
@@ -57,8 +57,10 @@ def run_generate(spec: PointSpec, data: TokenizedData, device: torch.device) -> 
 
 
 def _generate(model, prompt: torch.Tensor, n: int) -> torch.Tensor:
+    """Greedy ``generate()`` of exactly ``n`` new tokens with the KV cache on. ``use_cache`` is passed here
+    because ``generate()`` reads it from the generation config, which kept the training config's False."""
     return model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n,
-                          min_new_tokens=n, do_sample=False, pad_token_id=0)
+                          min_new_tokens=n, do_sample=False, pad_token_id=0, use_cache=True)
 
 
 def decode_bytes_per_token(spec: ModelSpec, context_tokens: int, lm_head_bytes: int = 4) -> int:
@@ -100,7 +102,8 @@ def decode_parts(model, prompt_ids: list[int], contexts: list[int], device: torc
             per_token = (wall[1 + new_tokens] - wall[1]) / new_tokens
             dev = (device_s[1 + new_tokens] - device_s[1]) / new_tokens
             spread = [(a - b) / new_tokens for a, b in zip(walls[(c, 1 + new_tokens)], walls[(c, 1)])]
-            records.append({"what": "decode_parts", "context": c, "new_tokens": new_tokens, "rounds": rounds,
+            records.append({"what": "decode_parts", "kv_cache": True, "context": c, "new_tokens": new_tokens,
+                            "rounds": rounds,
                             "s_per_token": per_token, "s_per_token_min": min(spread), "s_per_token_max": max(spread),
                             "device_s_per_token": dev, "host_s_per_token": max(0.0, per_token - dev)})
             report_progress(f"context {c}: {1e3 * per_token:.1f} ms a token, {1e3 * dev:.1f} ms of it on the device")
