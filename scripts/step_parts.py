@@ -6,7 +6,9 @@
 Training: the sweep's configuration (eager attention, LoRA r=16, gradient checkpointing) at each model:batch,
 ``--timed`` steps after 2 of warm-up, then 3 under the profiler, split into parts (``step_model.PARTS``).
 Decoding: stock ``generate()`` at batch 1, the time per new token at each context length, split into the
-device's and the host's. Writes ``results/<gpu>/step_parts.json`` (on a CPU, ``.smoke-results/``).
+device's and the host's. Writes ``results/<gpu>/step_parts.json`` (on a CPU, ``.smoke-results/``). A part
+not measured in this run (``--train`` with no points, or ``--contexts`` with none) keeps the file's earlier
+records; every record names the commit and the time it was measured at.
 """
 from __future__ import annotations
 
@@ -36,13 +38,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=helpers.pick(full=5, smoke=1))
     args = parser.parse_args()
     data = TokenizedData.load(sweep.data_file())
+    stamp = {k: results.provenance()[k] for k in ("git_commit", "timestamp")}
     records = []
     for point in args.train:
         name, batch = point.split(":")
         r = measure_train_parts(name, int(batch), data, helpers.DEVICE, timed=args.timed)
         print(f"{name} batch {batch}: {r['step_s']:.3f} s a step ({r['step_s_min']:.3f}-{r['step_s_max']:.3f}), "
               + ", ".join(f"{k} {v:.0f}" for k, v in r.items() if k.endswith(" ms")), flush=True)
-        records.append(r)
+        records.append({**r, **stamp})
         gc.collect()  # the model built for this point goes before the next one's
         torch.cuda.empty_cache() if helpers.HAS_CUDA else None
     if args.contexts:
@@ -51,11 +54,24 @@ def main() -> None:
         model.config.use_cache = True
         prompt = [t for ids in data.token_ids for t in ids][:max(args.contexts)]
         for r in decode_parts(model, prompt, args.contexts, helpers.DEVICE, rounds=args.rounds):
-            records.append({"model": args.decode_model, **r})
+            records.append({"model": args.decode_model, **r, **stamp})
             print(f"decode {args.decode_model}, context {r['context']}: {1e3 * r['s_per_token']:.1f} ms a token "
                   f"({1e3 * r['s_per_token_min']:.1f}-{1e3 * r['s_per_token_max']:.1f}), device "
                   f"{1e3 * r['device_s_per_token']:.1f}, host {1e3 * r['host_s_per_token']:.1f}", flush=True)
-    print(f"wrote {results.save('step_parts', records)}")
+    measured = {what for what, asked in (("train_parts", args.train), ("decode_parts", args.contexts)) if asked}
+    kept = earlier_records(skip=measured)
+    print(f"wrote {results.save('step_parts', kept + records)}" + (f" ({len(kept)} earlier records kept)" if kept else ""))
+
+
+def earlier_records(skip: set[str]) -> list[dict]:
+    """The results file's records of the parts not re-measured (``what`` not in ``skip``), each stamped with
+    the commit and time of the run that measured it."""
+    try:
+        old = results.load("step_parts", scale=helpers.SCALE)
+    except FileNotFoundError:
+        return []
+    stamp = {k: old.provenance.get(k) for k in ("git_commit", "timestamp")}
+    return [{**stamp, **r} for r in old.records if r.get("what") not in skip]
 
 
 if __name__ == "__main__":
