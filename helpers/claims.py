@@ -263,8 +263,8 @@ def ada_generates_faster(load: Loader, gpu: str) -> Verdict:
     if len(decode) < 2:
         return Verdict(UNDECIDED, rule, {},
                        "no measured split of decoding (with the KV cache) into the device's and the host's time "
-                       "at several output lengths; notebook 06's projection scales the host's overhead by the GPU clock, while "
-                       "notebook 07 shows stock decoding is paced by the host CPU")
+                       "at several output lengths; notebook 06's projection scales the host's overhead by the GPU "
+                       "clock, while notebook 07 shows stock decoding is paced by the host CPU")
     here = _card(parts)
     if here is None:
         return Verdict(UNDECIDED, rule, {}, f"no datasheet row for {parts.provenance.get('gpu')}")

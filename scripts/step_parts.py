@@ -60,7 +60,8 @@ def main() -> None:
                   f"{1e3 * r['device_s_per_token']:.1f}, host {1e3 * r['host_s_per_token']:.1f}", flush=True)
     measured = {what for what, asked in (("train_parts", args.train), ("decode_parts", args.contexts)) if asked}
     kept = earlier_records(skip=measured)
-    print(f"wrote {results.save('step_parts', kept + records)}" + (f" ({len(kept)} earlier records kept)" if kept else ""))
+    path = results.save("step_parts", kept + records)
+    print(f"wrote {path}" + (f" ({len(kept)} earlier records kept)" if kept else ""))
 
 
 def earlier_records(skip: set[str]) -> list[dict]:

@@ -122,8 +122,9 @@ def _one_card(res: results.Result) -> list[tuple[str, str, str]]:
     if all(speeds.values()):
         rows.append(("4-bit generate() at batch 1, stock transformers + bitsandbytes",
                      ", ".join(f"{m.upper()} {min(v):.0f}-{max(v):.0f}" for m, v in speeds.items()) + " tokens/s",
-                     "KV cache on; " + ", ".join(sorted({"whole card" if r.get("cap_gb") is None else f"{r['cap_gb']:g} GiB"
-                                                          for r in gen})) + "; 64 to 512 new tokens"))
+                     "KV cache on; " + ", ".join(sorted({"whole card" if r.get("cap_gb") is None
+                                                         else f"{r['cap_gb']:g} GiB" for r in gen}))
+                     + "; 64 to 512 new tokens"))
     return rows
 
 
