@@ -51,7 +51,6 @@ def main() -> None:
     if args.contexts:
         model, _ = build_model(args.decode_model, helpers.DEVICE, vocab_size=data.vocab_size, attn="eager")
         model = attach_lora(model, LoraSettings(r=16)).eval()
-        model.config.use_cache = True
         prompt = [t for ids in data.token_ids for t in ids][:max(args.contexts)]
         for r in decode_parts(model, prompt, args.contexts, helpers.DEVICE, rounds=args.rounds):
             records.append({"model": args.decode_model, **r, **stamp})

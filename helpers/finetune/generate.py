@@ -31,7 +31,6 @@ def run_generate(spec: PointSpec, data: TokenizedData, device: torch.device) -> 
         model, source = build_model(spec.model, device, vocab_size=data.vocab_size, attn=spec.attn)
         model = attach_lora(model, LoraSettings(r=spec.lora_r))
         model.eval()
-        model.config.use_cache = True
         prompt = torch.tensor([data.token_ids[0][:32]], device=device)
         records = []
         with torch.no_grad():
