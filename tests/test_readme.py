@@ -43,3 +43,11 @@ def test_headlines_pick_one_row_per_prefix_in_order():
     picked = module.headlines(rows)
     assert [r[0] for r in picked] == [f"{p} (a)" for p in module.HEADLINES] and len(picked) <= 10
     assert module.headlines(rows[:1]) == rows[:1]
+
+
+def test_readme_gives_the_cpu_only_torch_command_for_a_machine_without_a_gpu():
+    readme = (results.REPO_ROOT / "README.md").read_text()
+    command = _block(readme, "cpu-torch-command")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in command
+    pinned = _block(readme, "test-command").split("torch==", 1)[1].split()[0]
+    assert f"torch=={pinned} " in command, "the CPU command must install the test command's torch pin"
