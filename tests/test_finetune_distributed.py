@@ -157,3 +157,22 @@ def test_full_scale_without_gpus_and_training_without_data_are_refused(monkeypat
 def test_every_training_run_of_the_full_plan_times_ten_steps_after_warm_up():
     train = [s for s in distributed.full_plan() if s.kind == "train"]
     assert train and all(s.timed_steps >= 10 and s.warmup_steps >= 1 for s in train)
+
+
+def test_scaling_is_decided_only_from_enough_timed_steps_with_their_spread():
+    base = {"kind": "train", "status": "ok", "model": "7b", "batch_size": 4, "cap_gb": None, "lora_r": 16,
+            "attn": "eager", "max_len": 1024, "grad_ckpt": True, "strategy": "ddp"}
+    one = {**base, "point": "ddp/gpus=1/7b/b=4/steps=2+10", "gpus": 1, "tokens_per_s": 1000.0, "step_s": 1.0,
+           "step_s_min": 0.9, "step_s_max": 1.2, "timed_steps": 10}
+    two = {**base, "point": "ddp/gpus=2/7b/b=4/steps=2+10", "gpus": 2, "tokens_per_s": 1900.0, "step_s": 1.0,
+           "step_s_min": 0.95, "step_s_max": 1.1, "timed_steps": 10}
+    [row] = distributed.scaling_spread([one, two])
+    assert row["decided"] and row["efficiency"] == pytest.approx(0.95)
+    assert row["low"] == pytest.approx(0.95 / 1.1 * 0.9) and row["high"] == pytest.approx(0.95 / 0.95 * 1.2)
+    old = [{k: v for k, v in r.items() if k not in ("timed_steps", "step_s_min", "step_s_max")} for r in (one, two)]
+    old = [{**r, "point": r["point"].replace("2+10", "1+2")} for r in old]
+    [row] = distributed.scaling_spread(old)
+    assert not row["decided"] and row["timed_steps"] == 2 and "at least 10" in row["why"]
+    assert row["low"] is None
+    [row] = distributed.scaling_spread([{k: v for k, v in r.items() if k != "step_s_min"} for r in (one, two)])
+    assert not row["decided"] and row["why"] == "no step-time spread recorded"

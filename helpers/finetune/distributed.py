@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -204,6 +205,46 @@ def with_scaling(records: list[dict]) -> list[dict]:
     return out
 
 
+FULL_TIMED_STEPS = 10  # timed steps of every training run of the full plan
+
+
+def timed_steps(record: dict) -> int | None:
+    """The steps a training record timed: its ``timed_steps``, or the count in its point key
+    (``.../steps=W+T``) for records from before that field existed."""
+    if record.get("timed_steps"):
+        return int(record["timed_steps"])
+    found = re.search(r"/steps=\d+\+(\d+)", record.get("point", ""))
+    return int(found.group(1)) if found else None
+
+
+def scaling_spread(records: list[dict], min_steps: int = FULL_TIMED_STEPS) -> list[dict]:
+    """Every scaling pair of ``records`` (a run on N GPUs and its 1-GPU reference): the efficiency, its range
+    from the two runs' step-time spreads, and whether it is ``decided``: both runs timed at least
+    ``min_steps`` steps and recorded their spread (``step_s_min``, ``step_s_max``). Otherwise ``why`` says
+    what is missing: an efficiency from a few steps cannot tell 1.02 from 0.98."""
+    rows = []
+    for r in with_scaling(records):
+        if r.get("scaling_efficiency") is None:
+            continue
+        ref = next(q for q in records if q.get("kind") == "train" and q.get("status") == "ok" and q["gpus"] == 1
+                   and same_setting(q, r))
+        steps = (timed_steps(r), timed_steps(ref))
+        spread = all(q.get("step_s_min") and q.get("step_s_max") for q in (r, ref))
+        eff = r["scaling_efficiency"]
+        low = high = None
+        if spread:  # tokens/s is tokens / step time: the slowest N-GPU step against the fastest 1-GPU step, and back
+            low = eff * r["step_s"] / r["step_s_max"] * ref["step_s_min"] / ref["step_s"]
+            high = eff * r["step_s"] / r["step_s_min"] * ref["step_s_max"] / ref["step_s"]
+        too_few = [n for n in steps if n is None or n < min_steps]
+        why = ("" if spread and not too_few else
+               f"{steps[0]} and {steps[1]} timed steps (at least {min_steps} needed)" if too_few else
+               "no step-time spread recorded")
+        rows.append({"model": r["model"], "strategy": r["strategy"], "gpus": r["gpus"], "batch_size": r["batch_size"],
+                     "efficiency": eff, "low": low, "high": high, "timed_steps": steps[0],
+                     "reference_timed_steps": steps[1], "decided": not why, "why": why})
+    return rows
+
+
 def save_records(records: list[dict]) -> list[dict]:
     """Add ``records`` to the results file (replacing earlier runs of the same points), scaling
     efficiencies recomputed; ``records`` as saved, each with the file's path."""
@@ -223,9 +264,6 @@ def load_records(scale: str = SCALE) -> results.Result:
 
 
 SEED_SETTINGS = {"attn": "eager", "max_len": 1024, "lora_r": 16}  # notebook 06's main settings (the seed's stack)
-
-
-FULL_TIMED_STEPS = 10  # timed steps of every training run of the full plan
 
 
 def full_plan() -> list[DistSpec]:
