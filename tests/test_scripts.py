@@ -18,6 +18,7 @@ OPTIONS = {
     "nf4_gemv_tune": ["--rows", "--top", "--block-n", "--block-k", "--num-warps", "--split-k"],
     "nf4_linear_cost": ["--calls"],
     "qlora_step_pacing": ["--model", "--batch", "--steps", "--max-len", "--variants", "--rounds", "--host-top"],
+    "peers_side_by_side": ["--kernels"],
     "step_parts": ["--train", "--timed", "--decode-model", "--contexts", "--rounds"],
 }
 

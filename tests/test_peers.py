@@ -1,0 +1,59 @@
+"""helpers.peers: every kernel and peer runs, computes what eager PyTorch computes, and is timed both ways."""
+import pytest
+import torch
+
+from helpers import peers
+
+
+@pytest.fixture(scope="module")
+def records():
+    return peers.run()
+
+
+def test_every_kernel_is_timed_forward_and_backward_both_ways(records):
+    assert {r["kernel"] for r in records} == set(peers.KERNELS)
+    failed = [r for r in records if r["status"] != "ok"]
+    assert not failed, failed
+    for kernel in peers.KERNELS:
+        rows = [r for r in records if r["kernel"] == kernel]
+        assert {r["timing"] for r in rows} == set(peers.TIMINGS)
+        assert {r["pass"] for r in rows} == ({"fwd"} if kernel == "nf4_gemv" else {"fwd", "fwd+bwd"})
+        assert "course" in {r["impl"] for r in rows} and len({r["impl"] for r in rows}) >= 2
+        assert all(r["ms"] > 0 for r in rows)
+
+
+def test_every_implementation_computes_what_eager_pytorch_computes(records):
+    tolerance = {"bf16": 0.1, "fp32": 1e-3}  # max abs difference of outputs of unit scale
+    wrong = [r for r in records if not r["max_abs_diff"] <= tolerance[r["dtype"]]]
+    assert not wrong, wrong
+
+
+def test_a_wrong_implementation_shows_in_its_difference():
+    [case] = peers.swiglu_cases()
+    case.impls["wrong"] = lambda g, u: 1.01 * peers.eager_swiglu(g, u) + 0.5
+    assert peers._max_abs_diff(case, "wrong") > 0.4 > peers._max_abs_diff(case, "course")
+
+
+def test_ratios_pair_the_same_timing_of_the_same_case():
+    base = {"kernel": "swiglu", "shape": "s", "dtype": "bf16", "causal": None, "pass": "fwd", "status": "ok"}
+    records = [{**base, "impl": "course", "timing": "python", "ms": 2.0},
+               {**base, "impl": "liger", "timing": "python", "ms": 3.0},
+               {**base, "impl": "liger", "timing": "device", "ms": 1.0},
+               {**base, "impl": "course", "timing": "device", "ms": None}]
+    assert peers.ratios(records, "liger") == [{**{k: base[k] for k in ("kernel", "shape", "dtype", "causal", "pass")},
+                                               "timing": "python", "peer": "liger", "ratio": 1.5}]
+
+
+def test_unknown_kernels_are_refused_by_name():
+    with pytest.raises(ValueError, match="unknown kernels \\['gemm'\\]"):
+        peers.run(("gemm",))
+
+
+def test_eager_references_are_the_transformers_formulas():
+    x, w = torch.randn(3, 8), torch.rand(8)
+    expected = w * x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + peers.EPS)
+    assert torch.allclose(peers.eager_rms_norm(x, w), expected, atol=1e-6)
+    q = torch.randn(1, 2, 3, 4)
+    zero = torch.zeros(1, 3, 4)
+    rq, _ = peers.eager_rotary(q, q, torch.ones(1, 3, 4), zero)
+    assert torch.equal(rq, q)
