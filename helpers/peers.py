@@ -37,6 +37,10 @@ KERNELS = ("rms_norm", "layer_norm", "swiglu", "rotary", "attention", "nf4_gemv"
 TIMINGS = ("python", "device")
 TIMING = pick(full={}, smoke={"warmup_ms": 0, "rep_ms": 1, "min_reps": 1})
 GRAPH_REPS = pick(full=20, smoke=1)
+# torch.compile past its recompile limit falls back to eager without a word: here that is an error, recorded
+NO_SILENT_EAGER = ({"fail_on_recompile_limit_hit": True}
+                   if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit") else {})
+FAILURES = (RuntimeError, getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", RuntimeError))
 EPS = 1e-6
 
 
@@ -85,8 +89,7 @@ class Case:
 
 
 def _compiled(fn: Callable) -> Callable:
-    torch._dynamo.reset()
-    return torch.compile(fn, dynamic=False)
+    return torch.compile(fn, dynamic=False)  # its compilations are dropped before each case (measure)
 
 
 def _randn(*shape: int, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
@@ -197,7 +200,8 @@ def _run(case: Case, impl: str, pass_: str) -> Callable[[], object]:
     outs = call()
     outs = outs if isinstance(outs, tuple) else (outs,)
     grads = [torch.randn_like(o) for o in outs]
-    return lambda: torch.autograd.grad(call(), case.leaves, grads)
+    # allow_unused: a peer that does less (Liger's LayerNorm has no bias + GELU) leaves an input without gradient
+    return lambda: torch.autograd.grad(call(), case.leaves, grads, allow_unused=True)
 
 
 def _max_abs_diff(case: Case, impl: str) -> float:
@@ -215,12 +219,13 @@ def measure(case: Case) -> list[dict]:
     """Every implementation of ``case``, each pass it has, timed both ways: one record per timing. An
     implementation that fails (no kernel for the shape, a graph it cannot be captured in) is a record too, with
     ``status`` naming the error and no time."""
+    torch._dynamo.reset()  # each case compiles afresh: one function over many shapes would reach the recompile limit
     records = []
     passes = ("fwd", "fwd+bwd") if case.backward else ("fwd",)
     for impl in case.impls:
         try:
             diff = _max_abs_diff(case, impl)
-        except RuntimeError:  # the timing below fails the same way and records why
+        except FAILURES:  # the timing below fails the same way and records why
             diff = None
         for pass_ in passes:
             run = _run(case, impl, pass_)
@@ -229,8 +234,9 @@ def measure(case: Case) -> list[dict]:
                           "causal": case.causal, "pass": pass_, "timing": timing, "status": "ok", "ms": None,
                           "ms_p20": None, "ms_p80": None, "max_abs_diff": diff}
                 try:
-                    t = _time(run, timing)
-                except RuntimeError as error:
+                    with torch._dynamo.config.patch(**NO_SILENT_EAGER):
+                        t = _time(run, timing)
+                except FAILURES as error:
                     record["status"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
                 else:
                     record.update(ms=t.ms / case.calls, ms_p20=t.ms_p20 / case.calls, ms_p80=t.ms_p80 / case.calls)

@@ -57,3 +57,14 @@ def test_eager_references_are_the_transformers_formulas():
     zero = torch.zeros(1, 3, 4)
     rq, _ = peers.eager_rotary(q, q, torch.ones(1, 3, 4), zero)
     assert torch.equal(rq, q)
+
+
+def test_a_compile_that_falls_back_to_eager_is_recorded_not_timed(monkeypatch):
+    compiled = torch.compile(lambda x: 2 * x, dynamic=False)
+    sizes = iter(range(1, 1000))  # a new shape every call: a recompilation every call
+    x = torch.randn(1000)
+    impls = {"course": lambda x: 2 * x, "compile": lambda x: compiled(x[:next(sizes)])}
+    case = peers.Case("swiglu", "s", "fp32", impls, [x], backward=False)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    rows = [r for r in peers.measure(case) if r["impl"] == "compile"]
+    assert rows and all("RecompileLimit" in r["status"] and r["ms"] is None for r in rows)
