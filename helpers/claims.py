@@ -185,35 +185,49 @@ def _sweep(load: Loader, gpu: str) -> list[dict] | None:
             and not r.get("point", "").endswith("/no-ckpt")]
 
 
+SMALL_BATCH = 4  # "small batches": the seed's claim, judged at batch sizes up to this
+
+
 def a100_small_batches(load: Loader, gpu: str) -> Verdict:
-    rule = ("the part-by-part step model (results/<gpu>/step_parts.json: each part's measured time scaled by "
-            "the datasheet rate it depends on, the host's held fixed) projects the Ada's step time over the "
-            "A100's at batch <= 4, as a range (host added, or hidden): above 1 at every point: confirmed; below "
-            "1 at every point: refuted; a range that straddles 1: not decided")
+    rule = ("the part-by-part step model (results/<gpu>/step_parts.json: each part's measured time scaled by the "
+            "datasheet rate it depends on, the host's held fixed), its uncertainty per model the largest error on "
+            "the sweep's steps it was not built from (finetune.json), projects the Ada's step time over the A100's "
+            f"at every 7B and 13B batch <= {SMALL_BATCH} that trained under both caps, as a range (each scale's "
+            "time off by that error, the host added or hidden): above 1 at every point: confirmed; below 1 at "
+            "every point: refuted; above 1 at some and holding 1 at the others, or mixed: partly; holding 1 "
+            "everywhere: not decided")
     parts = load("step_parts", gpu)
-    train = [r for r in parts.records if r.get("what") == "train_parts" and r["batch_size"] <= 4] if parts else []
-    if not train:
+    if parts is None or not any(r.get("what") == "train_parts" for r in parts.records):
         return Verdict(UNDECIDED, rule, {},
                        "no measured part-by-part step model; the step model fitted to the sweep's step times "
                        "has no bandwidth term that the data can separate, so it ranks the card with more FLOP/s "
                        "first whatever the cards' bandwidths: it cannot rank the A100 against the Ada")
+    main = _sweep(load, gpu)
+    if main is None:
+        return Verdict(UNDECIDED, rule, {}, "no sweep (finetune.json): the step model's error is not measured")
     here = _card(parts)
     if here is None:
         return Verdict(UNDECIDED, rule, {}, f"no datasheet row for {parts.provenance.get('gpu')}")
     a100, ada = specs.by_name("A100 40GB SXM"), specs.by_name("RTX 6000 Ada")
-    evidence, lows, highs = {}, [], []
-    for r in train:
-        terms = step_model.build_terms(r, here)
-        c = step_model.compare(terms, r["model"], r["batch_size"], r["mean_padded_len"], a100, ada)
-        lows.append(c["low"])
-        highs.append(c["high"])
-        evidence[f"{r['model']} batch {r['batch_size']}: Ada / A100 step time"] = (
-            f"{c['low']:.2f}-{c['high']:.2f}, decided by {c['deciding']}")
-    if min(lows) > 1:
+    model = step_model.StepModel.from_records(parts.records, here)
+    rows = step_model.validate(model, main)
+    small = [r for r in step_model.rank(model, rows, a100, ada)
+             if r["model"] in ("7b", "13b") and r["batch"] <= SMALL_BATCH
+             and all(analysis.status(main, r["model"], r["batch"], cap) == "ok" for cap in (40, 48))]
+    if not small:
+        return Verdict(UNDECIDED, rule, {}, f"no 7B or 13B batch <= {SMALL_BATCH} trained under both caps")
+    evidence = {f"{r['model']} batch {r['batch']}: Ada / A100 step time": (
+        f"{r['ratio']:.2f} ({r['low']:.2f}-{r['high']:.2f} at +-{r['uncertainty']:.0%}), {r['deciding']} decides "
+        f"({r['ratio if deciding x clock']:.2f} if it followed the SM clock instead)") for r in small}
+    evidence["tie: bandwidth parts / matmul time on this GPU"] = round(step_model.tie_share(here, a100, ada), 2)
+    faster = [r["faster"] for r in small]
+    if all(f == a100.name for f in faster):
         return Verdict(CONFIRMED, rule, evidence)
-    if max(highs) < 1:
+    if all(f == ada.name for f in faster):
         return Verdict(REFUTED, rule, evidence)
-    return Verdict(UNDECIDED, rule, evidence, "the projected range straddles 1 at some batch size")
+    if all(f == UNDECIDED for f in faster):
+        return Verdict(UNDECIDED, rule, evidence, "every projected range holds 1")
+    return Verdict(PARTLY, rule, evidence)
 
 
 def oom_7b(load: Loader, gpu: str) -> Verdict:
@@ -251,36 +265,40 @@ def only_48gb_70b(load: Loader, gpu: str) -> Verdict:
     return Verdict(verdict, rule, got)
 
 
+OUTPUT_LENGTHS = (64, 256, 1024, 2048)  # new tokens after a 32-token prompt
+
+
 def ada_generates_faster(load: Loader, gpu: str) -> Verdict:
-    rule = ("stock generate()'s time per token, split into device and host (results/<gpu>/step_parts.json), "
-            "projected with the host's time held at its measured value and the device's scaled by HBM "
-            "bandwidth: the Ada faster at every context length and its lead growing with the context: "
-            "confirmed; faster but not more so for longer outputs, or faster at some lengths: partly; "
-            "slower at every length: refuted")
+    rule = ("stock generate()'s time per token, split into device and host (results/<gpu>/step_parts.json, "
+            "contexts 64-2048), summed over outputs of " + ", ".join(map(str, OUTPUT_LENGTHS)) + " new tokens with "
+            "the host's time held at its measured value and the device's scaled by HBM bandwidth or by the SM "
+            "boost clock (what paces a decode kernel is not known from one GPU): the Ada's tokens/s over the "
+            "A100's above 1 under both at every length: confirmed if it grows with the length under both, else "
+            "partly; below 1 under both at every length: refuted; otherwise: not decided")
     parts = load("step_parts", gpu)
-    decode = sorted((r for r in parts.records if r.get("what") == "decode_parts" and r.get("kv_cache")),
-                    key=lambda r: r["context"]) if parts else []
+    decode = [r for r in parts.records if r.get("what") == "decode_parts" and r.get("kv_cache")] if parts else []
     if len(decode) < 2:
         return Verdict(UNDECIDED, rule, {},
                        "no measured split of decoding (with the KV cache) into the device's and the host's time "
-                       "at several output lengths; notebook 06's projection scales the host's overhead by the GPU "
-                       "clock, while notebook 07 shows stock decoding is paced by the host CPU")
+                       "at several context lengths")
     here = _card(parts)
     if here is None:
         return Verdict(UNDECIDED, rule, {}, f"no datasheet row for {parts.provenance.get('gpu')}")
     a100, ada = specs.by_name("A100 40GB SXM"), specs.by_name("RTX 6000 Ada")
-
-    def on(card: specs.GpuSpec, r: dict) -> float:
-        return r["host_s_per_token"] + r["device_s_per_token"] * here.bandwidth_gbps / card.bandwidth_gbps
-
-    lead = [on(a100, r) / on(ada, r) for r in decode]  # > 1: the Ada makes tokens faster
-    evidence = {f"context {r['context']}: Ada tokens/s over the A100's": round(x, 3) for r, x in zip(decode, lead)}
+    lead = step_model.decode_lead(decode, here, a100, ada, list(OUTPUT_LENGTHS))
+    evidence = {f"Ada tokens/s over the A100's, device x {s}": ", ".join(f"{n}: {x:.2f}" for n, x in
+                                                                        zip(OUTPUT_LENGTHS, v))
+                for s, v in lead.items()}
     evidence["host share of the measured time per token"] = _span(
         [r["host_s_per_token"] / r["s_per_token"] for r in decode if r["s_per_token"] > 0])
-    growing = all(b > a for a, b in zip(lead, lead[1:]))
-    if all(x > 1 for x in lead):
+    every = [x for v in lead.values() for x in v]
+    if all(x > 1 for x in every):
+        growing = all(all(q > p for p, q in zip(v, v[1:])) for v in lead.values())
         return Verdict(CONFIRMED if growing else PARTLY, rule, evidence)
-    return Verdict(PARTLY if any(x > 1 for x in lead) else REFUTED, rule, evidence)
+    if all(x < 1 for x in every):
+        return Verdict(REFUTED, rule, evidence)
+    return Verdict(UNDECIDED, rule, evidence, "the Ada leads if a decode kernel's time follows the clock and "
+                   "trails if it follows the bandwidth; the host's time, the same on both, is most of each token")
 
 
 def two_gpus_70b(load: Loader, gpu: str) -> Verdict:

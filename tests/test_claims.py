@@ -4,10 +4,12 @@ from pathlib import Path
 import pytest
 
 from helpers import claims, specs
+from helpers.finetune import step_model
 from helpers.claims import CONFIRMED, PARTLY, REFUTED, UNDECIDED
 from helpers.results import Result
 
 H200 = {"gpu": "NVIDIA H200", "scale": "full"}
+H200_SPEC = specs.by_name("H200")
 
 
 def loader(files: dict):
@@ -106,28 +108,54 @@ def test_memory_wall_follows_the_datasheets(monkeypatch):
     assert judge("memory-wall", {}).verdict == CONFIRMED
 
 
-def _parts(train_bandwidth_ms=None, decode=None):
+def _parts(train_bandwidth_ms=None, decode=None, host_ms=10.0):
     recs = []
     if train_bandwidth_ms is not None:
-        recs.append({"what": "train_parts", "model": "7b", "batch_size": 1, "mean_padded_len": 300.0,
-                     "matmul ms": 100.0, "nf4 dequantise ms": train_bandwidth_ms, "softmax ms": train_bandwidth_ms,
-                     "optimizer ms": train_bandwidth_ms, "element-wise ms": train_bandwidth_ms, "host ms": 10.0})
+        for batch, padded in ((1, 300.0), (4, 500.0)):
+            recs.append({"what": "train_parts", "model": "7b", "batch_size": batch, "mean_padded_len": padded,
+                         "matmul ms": 100.0 * batch, "nf4 dequantise ms": train_bandwidth_ms,
+                         "softmax ms": train_bandwidth_ms, "optimizer ms": train_bandwidth_ms,
+                         "element-wise ms": train_bandwidth_ms * batch, "host ms": host_ms})
     for context, device, host in decode or []:
         recs.append({"what": "decode_parts", "kv_cache": True, "context": context, "s_per_token": device + host,
                      "device_s_per_token": device, "host_s_per_token": host})
     return {("step_parts", "h200"): recs}
 
 
-def test_a100_small_batches_needs_the_part_model_and_flips_with_its_parts():
+def _with_sweep(files, off=0.0):
+    """``files`` plus a sweep of 7B batches 1, 2, 4 under both caps whose step times are the part model's own
+    predictions on the H200, times ``1 + off`` (so the model's error on them is ``off``)."""
+    model = step_model.StepModel.from_records(files["step_parts", "h200"], H200_SPEC)
+    recs = [{"kind": "train", "model": "7b", "cap_gb": cap, "batch_size": b, "status": "ok", "measured": True,
+             "checkpointing": True, "attn": "eager", "lora_r": 16, "point": f"train/7b/{cap}/{b}",
+             "mean_padded_len": 400.0, "step_s": (1 + off) * model.predict("7b", b, 400.0, H200_SPEC)["step_s"]}
+            for cap in (40, 48) for b in (1, 2, 4)]
+    return {**files, ("finetune", "h200"): recs}
+
+
+def test_a100_small_batches_needs_the_part_model_and_its_validation():
     assert judge("a100-small-batches", {}).verdict == UNDECIDED
-    assert judge("a100-small-batches", _parts(train_bandwidth_ms=300.0)).verdict == CONFIRMED  # bandwidth-heavy
-    assert judge("a100-small-batches", _parts(train_bandwidth_ms=0.01)).verdict == REFUTED  # all tensor FLOPs
+    assert judge("a100-small-batches", _parts(train_bandwidth_ms=300.0)).verdict == UNDECIDED  # no sweep: no error
+
+
+def test_a100_small_batches_flips_with_the_parts_and_the_error():
+    bandwidth_heavy = _parts(train_bandwidth_ms=300.0)
+    assert judge("a100-small-batches", _with_sweep(bandwidth_heavy)).verdict == CONFIRMED
+    assert judge("a100-small-batches", _with_sweep(_parts(train_bandwidth_ms=0.01))).verdict == REFUTED  # FLOPs
+    # host-bound: hidden behind the device or not, both cards wait for the same host: a range that holds 1
+    host_bound = _with_sweep(_parts(train_bandwidth_ms=300.0, host_ms=1e5))
+    assert judge("a100-small-batches", host_bound).verdict == UNDECIDED
+    # a narrow margin: decided when the model meets the sweep, not when it misses it by 38% (steps 1.6x its own)
+    narrow = _parts(train_bandwidth_ms=15.0)
+    assert judge("a100-small-batches", _with_sweep(narrow)).verdict == CONFIRMED
+    assert judge("a100-small-batches", _with_sweep(narrow, off=0.6)).verdict == UNDECIDED
+    assert judge("a100-small-batches", _with_sweep(_parts(train_bandwidth_ms=20.0), off=0.6)).verdict == PARTLY
 
 
 def test_ada_generation_verdict_from_the_host_device_split():
     assert judge("ada-generates-faster", {}).verdict == UNDECIDED
-    # host-bound: the same on both cards, the A100's bandwidth makes the device part shorter -> A100 ahead
-    assert judge("ada-generates-faster", _parts(decode=[(64, 0.01, 0.02), (1024, 0.012, 0.02)])).verdict == REFUTED
+    # the Ada ahead if the device's time follows the clock, behind if it follows the bandwidth: undecided
+    assert judge("ada-generates-faster", _parts(decode=[(64, 0.01, 0.02), (1024, 0.012, 0.02)])).verdict == UNDECIDED
     uncached = {key: [{**r, "kv_cache": False} for r in recs]
                 for key, recs in _parts(decode=[(64, 0.01, 0.02), (1024, 0.012, 0.02)]).items()}
     assert judge("ada-generates-faster", uncached).verdict == UNDECIDED  # timed without the KV cache: no evidence
@@ -136,14 +164,24 @@ def test_ada_generation_verdict_from_the_host_device_split():
 def test_ada_generation_confirmed_when_the_projection_favours_the_ada(monkeypatch):
     real = specs.by_name
 
-    def by_name(name):  # an Ada with more bandwidth than the A100: the claim must then hold
+    def by_name(name, ada_bandwidth=5000.0):  # an Ada with more bandwidth than the A100: the claim must then hold
         row = real(name)
-        return type(row)(**{**row.__dict__, "bandwidth_gbps": 5000.0}) if name == "RTX 6000 Ada" else row
+        return type(row)(**{**row.__dict__, "bandwidth_gbps": ada_bandwidth}) if name == "RTX 6000 Ada" else row
     monkeypatch.setattr(claims.specs, "by_name", by_name)
     growing = [(64, 0.01, 0.02), (1024, 0.02, 0.02), (2048, 0.04, 0.02)]
     assert judge("ada-generates-faster", _parts(decode=growing)).verdict == CONFIRMED
     flat = [(64, 0.02, 0.0), (1024, 0.02, 0.0)]
     assert judge("ada-generates-faster", _parts(decode=flat)).verdict == PARTLY
+
+
+def test_ada_generation_refuted_when_both_scalings_favour_the_a100(monkeypatch):
+    real_spec = specs.by_name
+
+    def by_name(name):  # an Ada with the A100's clock: slower under either scaling of the device's time
+        row = real_spec(name)
+        return type(row)(**{**row.__dict__, "boost_mhz": 1000}) if name == "RTX 6000 Ada" else row
+    monkeypatch.setattr(claims.specs, "by_name", by_name)
+    assert judge("ada-generates-faster", _parts(decode=[(64, 0.01, 0.02), (1024, 0.012, 0.02)])).verdict == REFUTED
 
 
 def _sweep(statuses):

@@ -1,8 +1,7 @@
-import numpy as np
 import pytest
 
 from helpers import specs
-from helpers.finetune import analysis
+from helpers.finetune import analysis, step_model
 
 H200, A100, ADA = specs.by_name("H200"), specs.by_name("A100 40GB SXM"), specs.by_name("RTX 6000 Ada")
 
@@ -12,45 +11,65 @@ def _train(batch, cap, status, **extra):
             "attn": "eager", "point": f"p{batch}{cap}", "measured": True, **extra}
 
 
-def test_fit_recovers_a_known_step_model_and_projects_with_datasheets():
-    truth = np.array([1.7, 3.0, 2e-3])
-    records = []
-    for batch in (1, 2, 4, 8, 16):
-        r = _train(batch, None, "ok", mean_padded_len=300 + 37 * batch, checkpointing=True)
-        r["step_s"] = float(analysis.step_features(r, H200) @ truth)
-        records.append(r)
-    fit = analysis.fit_step_model(records, H200)
-    assert fit["max_rel_error"] < 1e-6
-    assert np.allclose([fit["flops_factor"], fit["bytes_factor"], fit["overhead_s_per_layer_pass"]], truth, rtol=1e-4)
-    small = analysis.project_step(fit, records[0], A100)
-    assert small["step_s"] == pytest.approx(small["compute_s"] + small["memory_s"] + small["overhead_s"])
-    # the same bytes take longer at the Ada's lower bandwidth, the same FLOPs less at its higher rate
-    ada = analysis.project_step(fit, records[0], ADA)
-    assert ada["memory_s"] > small["memory_s"] and ada["compute_s"] < small["compute_s"]
+def _reference(batch, padded, matmul_ms, bandwidth_ms, host_ms):
+    return {"what": "train_parts", "model": "7b", "batch_size": batch, "mean_padded_len": padded,
+            "matmul ms": matmul_ms, "nf4 dequantise ms": bandwidth_ms, "softmax ms": bandwidth_ms,
+            "optimizer ms": bandwidth_ms, "element-wise ms": bandwidth_ms, "host ms": host_ms}
 
 
-def test_fit_never_returns_negative_terms():
-    rng = np.random.default_rng(0)
-    records = []
-    for batch in (1, 2, 4):
-        r = _train(batch, None, "ok", mean_padded_len=500, checkpointing=True)
-        r["step_s"] = 0.5 + 0.01 * rng.random()  # flat: only the overhead explains it
-        records.append(r)
-    fit = analysis.fit_step_model(records, H200)
-    assert min(fit["flops_factor"], fit["bytes_factor"], fit["overhead_s_per_layer_pass"]) >= 0
-    with pytest.raises(ValueError, match="at least 2"):
-        analysis.fit_step_model(records[:1], H200)
+def test_step_model_reproduces_its_references_and_interpolates_between_them():
+    refs = [_reference(1, 300.0, 40.0, 20.0, 200.0), _reference(16, 800.0, 1200.0, 300.0, 10.0)]
+    model = step_model.StepModel.from_records(refs, H200)
+    for r in refs:
+        got = model.predict("7b", r["batch_size"], r["mean_padded_len"], H200)
+        assert got["matmul"] == pytest.approx(r["matmul ms"] / 1e3) and got["host"] == pytest.approx(r["host ms"] / 1e3)
+        assert got["step_s"] == pytest.approx(got["device_s"] + got["host"])
+    mid = model.predict("7b", 4, 500.0, H200)
+    assert 10e-3 < mid["host"] < 200e-3  # between the references' host times
+    hidden = model.predict("7b", 1, 300.0, H200, overlap=True)
+    assert hidden["step_s"] == pytest.approx(max(hidden["device_s"], hidden["host"]))
+    with pytest.raises(ValueError, match="train_parts"):
+        step_model.StepModel.from_records([], H200)
 
 
-def test_decode_projection_scales_overhead_with_clock_only_when_asked():
-    records = [{"kind": "generate", "model": m, "status": "ok", "new_tokens": n, "cap_gb": None, "kv_cache": True,
-                "seconds": n * (0.002 * analysis.MODELS[m].num_hidden_layers)}
-               for m in ("7b", "13b") for n in (64, 512)]
-    fit = analysis.fit_decode_model(records, H200)
-    assert fit["overhead_s_per_layer"] == pytest.approx(0.002, rel=0.05)
-    plain = analysis.project_decode(fit, records[0], ADA, H200, clock_scaled=False)
-    scaled = analysis.project_decode(fit, records[0], ADA, H200, clock_scaled=True)
-    assert scaled > plain  # the Ada's 2,505 MHz beats the H200's 1,980 MHz
+def test_validation_error_and_uncertainty_per_model():
+    model = step_model.StepModel.from_records([_reference(4, 500.0, 100.0, 50.0, 20.0)], H200)
+    truth = model.predict("7b", 4, 500.0, H200)["step_s"]
+    sweep = [_train(4, cap, "ok", step_s=truth * x, mean_padded_len=500.0, checkpointing=True)
+             for cap, x in ((40, 1.0), (48, 1.5), (None, 2.0))]
+    rows = step_model.validate(model, sweep + [_train(8, 40, "oom")])
+    assert len(rows) == 1 and rows[0]["runs"] == 3 and rows[0]["error"] == pytest.approx(1 / 1.5 - 1)
+    assert step_model.uncertainty(rows) == {"7b": pytest.approx(1 / 3)}
+
+
+def test_the_card_comparison_follows_the_parts_and_widens_with_the_error():
+    bandwidth_heavy = step_model.StepModel.from_records([_reference(4, 500.0, 100.0, 100.0, 1.0)], H200)
+    flops_only = step_model.StepModel.from_records([_reference(4, 500.0, 100.0, 1e-3, 1.0)], H200)
+    assert step_model.compare(bandwidth_heavy, "7b", 4, 500.0, A100, ADA, 0.0)["low"] > 1  # Ada slower
+    assert step_model.compare(flops_only, "7b", 4, 500.0, A100, ADA, 0.0)["high"] < 1  # Ada faster
+    narrow, wide = (step_model.compare(bandwidth_heavy, "7b", 4, 500.0, A100, ADA, e) for e in (0.0, 0.5))
+    assert wide["low"] < narrow["low"] <= narrow["high"] < wide["high"]
+    assert step_model.PARTS[narrow["deciding"]] == "bandwidth"  # what makes the Ada slower here
+    assert step_model.compare(flops_only, "7b", 4, 500.0, A100, ADA, 0.0)["deciding"] == "matmul"
+    # the deciding bandwidth part paced by the clock instead: the Ada's 2,505 MHz makes it shorter there
+    assert narrow["ratio if deciding x clock"] < narrow["ratio"]
+    assert step_model.tie_share(H200, A100, ADA) == pytest.approx(0.24, abs=0.01)
+    with pytest.raises(ValueError, match="no tie"):
+        step_model.tie_share(A100, H200, A100)  # H200 has both more FLOP/s and more bandwidth than the A100
+
+
+def test_decode_projection_holds_the_host_and_scales_the_device():
+    host_only = [{"what": "decode_parts", "kv_cache": True, "context": c, "host_s_per_token": 0.02,
+                  "device_s_per_token": 0.0} for c in (64, 2048)]
+    device_only = [{**r, "host_s_per_token": 0.0, "device_s_per_token": 0.01} for r in host_only]
+    assert step_model.decode_lead(host_only, H200, A100, ADA, [64, 1024]) == {
+        "bandwidth": [pytest.approx(1.0)] * 2, "clock": [pytest.approx(1.0)] * 2}
+    lead = step_model.decode_lead(device_only, H200, A100, ADA, [64])
+    assert lead["bandwidth"][0] == pytest.approx(ADA.bandwidth_gbps / A100.bandwidth_gbps)
+    assert lead["clock"][0] == pytest.approx(ADA.boost_mhz / A100.boost_mhz)
+    assert step_model.decode_seconds(host_only, H200, A100, 100, "bandwidth") == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="scaling"):
+        step_model.decode_seconds(host_only, H200, A100, 10, "power")
 
 
 def test_generation_timed_without_the_kv_cache_is_left_out():
@@ -58,8 +77,6 @@ def test_generation_timed_without_the_kv_cache_is_left_out():
     records = [cached, {**cached, "kv_cache": False}, {k: v for k, v in cached.items() if k != "kv_cache"},
                {**cached, "status": "oom"}]
     assert analysis.generate_runs(records) == [cached]
-    with pytest.raises(ValueError, match="at least 2"):
-        analysis.fit_decode_model(records, H200)
 
 
 def test_seed_table_first_oom_and_status():

@@ -13,28 +13,38 @@ Parts and what scales them (``PARTS``):
   bandwidth;
 * ``host``: the time the device waits for Python and the launches: the same on any card (it is the host's).
 
-Each part's rate on this GPU (work per second, as a fraction of the datasheet rate) is measured at one
-reference point; the same fraction is assumed on the other card (same software). That assumption is the
-projection's; :func:`validate` prints how well the model predicts points it was not built from.
+Each part's rate on this GPU (work per second, as a fraction of the datasheet rate) is measured at a few
+reference points (:class:`StepModel`; between them it is interpolated in the log of the tokens a step); the
+same fraction is assumed on the other card (same software). That assumption is the projection's;
+:func:`validate` measures how well the model predicts the sweep's steps, none of which built it, and
+:func:`compare` turns that error into a range for one card's step time over another's.
 """
 from __future__ import annotations
 
+import itertools
+import math
 import re
 import statistics
 import time
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..bench import profile_kernels
 from ..specs import GpuSpec
-from .analysis import ACT_BYTES, DEQUANT_BYTES, PASSES
 from .data import TokenizedData, make_batches
 from .lora import LoraSettings, attach_lora, check_checkpointing
 from .models import MODELS, ModelSpec, build_model
 from .timing import sync
 
+PASSES = 3  # forward, forward again (gradient checkpointing), backward
+DEQUANT_BYTES = 4.5  # per nf4 weight and pass: read 0.5 B packed, write 2 B bf16, read them back for the matmul
+ACT_BYTES = 40  # bytes a token moves per layer and hidden unit in the element-wise kernels
+LINEARS_PER_LAYER = 7  # q, k, v, o, gate, up, down: each an nf4 matrix
 PARTS = {"matmul": "tensor", "nf4 dequantise": "bandwidth", "softmax": "bandwidth", "optimizer": "bandwidth",
          "element-wise": "bandwidth", "host": "host"}
+SCALES = ("tensor", "bandwidth", "host")
 KERNEL_PARTS = (("nf4 dequantise", r"dequant"),
                 ("softmax", r"softmax"),
                 ("optimizer", r"adam|foreach|multi_tensor"),
@@ -65,6 +75,16 @@ def work(spec: ModelSpec, batch: int, padded_len: float, lora_r: int = 16) -> di
     }
 
 
+def launches(spec: ModelSpec) -> dict[str, int]:
+    """Kernel launches a step of the parts whose count follows from the shapes (any batch): one dequantisation
+    per nf4 matrix and pass; the GEMMs of a layer (forward 7 frozen + 4 LoRA + 2 attention, twice; backward 7
+    input gradients + 8 LoRA gradients + 4 attention) and the lm_head's 2; one softmax (or its backward) per
+    layer and pass. At least these: cuBLAS may split a GEMM into more kernels."""
+    layers = spec.num_hidden_layers
+    return {"nf4 dequantise": PASSES * LINEARS_PER_LAYER * layers, "matmul": (2 * 13 + 19) * layers + 2,
+            "softmax": PASSES * layers}
+
+
 def rate(card: GpuSpec, part: str) -> float:
     """The datasheet rate ``part`` runs against on ``card``: FLOP/s, bytes/s, or 1 for the host."""
     scale = PARTS[part]
@@ -84,35 +104,162 @@ def build_terms(reference: dict, card: GpuSpec) -> dict[str, float]:
     return terms
 
 
-def predict(terms: dict[str, float], model: str, batch: int, padded_len: float, card: GpuSpec,
-            host: bool = True) -> dict[str, float]:
-    """Seconds of each part and their sum (``step_s``) for one step on ``card``. ``host=False``: the
-    device's time alone (the host fully hidden behind it: the low end of a range)."""
-    w = work(MODELS[model], batch, padded_len)
-    parts = {part: (terms[part] * w[part] if part == "host" else w[part] / (terms[part] * rate(card, part)))
-             for part in PARTS if host or part != "host"}
-    return {**parts, "step_s": sum(parts.values())}
+def tokens(record: dict) -> float:
+    """Token positions a step processes, padding included: what the parts' efficiencies follow."""
+    return record["batch_size"] * record["mean_padded_len"]
 
 
-def validate(terms: dict[str, float], records: list[dict], card: GpuSpec) -> list[dict]:
-    """The model against measured steps it was not built from: predicted and measured seconds, and the error."""
+@dataclass(frozen=True)
+class StepModel:
+    """The part-by-part model built from measured ``train_parts`` records on ``here``."""
+
+    here: GpuSpec
+    references: tuple[dict, ...]  # by tokens a step
+
+    @classmethod
+    def from_records(cls, records: list[dict], here: GpuSpec) -> StepModel:
+        refs = sorted((r for r in records if r.get("what") == "train_parts"), key=tokens)
+        if not refs:
+            raise ValueError("no train_parts record to build the step model from")
+        return cls(here, tuple(refs))
+
+    def terms(self, batch: int, padded_len: float) -> dict[str, float]:
+        """Each part's efficiency (host: seconds per layer-pass) at a step of ``batch`` x ``padded_len``
+        tokens: the nearest references' terms, interpolated in log tokens (the end ones outside their span)."""
+        x = [math.log(tokens(r)) for r in self.references]
+        built = [build_terms(r, self.here) for r in self.references]
+        at = math.log(batch * padded_len)
+        return {p: float(np.interp(at, x, [b[p] for b in built])) for p in PARTS}
+
+    def predict(self, model: str, batch: int, padded_len: float, card: GpuSpec,
+                factors: dict[str, float] | None = None, overlap: bool = False,
+                clock_parts: tuple[str, ...] = ()) -> dict[str, float]:
+        """Seconds of each part on ``card``, the device's sum, and the step: device + host (``overlap``
+        False: the device waits for all of the host's time, as measured here) or the larger of the two (the
+        host's work hidden behind a slower device). ``factors``: a multiplier per scale (``SCALES``).
+        ``clock_parts``: parts scaled from this GPU by the SM boost clock instead of their rate (a what-if:
+        kernels paced by their fixed latency rather than by FLOP/s or bytes)."""
+        terms, w = self.terms(batch, padded_len), work(MODELS[model], batch, padded_len)
+        factors = factors or {}
+        parts = {}
+        for p in PARTS:
+            if p == "host":
+                seconds = terms[p] * w[p]
+            elif p in clock_parts:
+                seconds = w[p] / (terms[p] * rate(self.here, p)) * self.here.boost_mhz / card.boost_mhz
+            else:
+                seconds = w[p] / (terms[p] * rate(card, p))
+            parts[p] = factors.get(PARTS[p], 1.0) * seconds
+        device = sum(v for p, v in parts.items() if p != "host")
+        step = max(device, parts["host"]) if overlap else device + parts["host"]
+        return {**parts, "device_s": device, "step_s": step}
+
+
+def validate(step_model: StepModel, sweep_records: list[dict]) -> list[dict]:
+    """The model against the sweep's measured steps (trained with checkpointing), one row per model and batch:
+    the steps measured under every cap (the same work: their spread is the measurement's noise), their median,
+    the prediction and its error against the median."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in sweep_records:
+        if (r.get("kind") == "train" and r.get("status") == "ok" and r.get("measured", True)
+                and r.get("checkpointing", True) and r["model"] in MODELS and r.get("mean_padded_len")):
+            groups.setdefault((r["model"], r["batch_size"]), []).append(r)
     rows = []
-    for r in records:
-        p = predict(terms, r["model"], r["batch_size"], r["mean_padded_len"], card)["step_s"]
-        rows.append({"model": r["model"], "batch": r["batch_size"], "measured s": r["step_s"], "predicted s": p,
-                     "error": p / r["step_s"] - 1})
+    for (model, batch), runs in sorted(groups.items(), key=lambda kv: (MODELS[kv[0][0]].linear_params(), kv[0][1])):
+        steps = [r["step_s"] for r in runs]
+        measured = statistics.median(steps)
+        predicted = step_model.predict(model, batch, runs[0]["mean_padded_len"], step_model.here)["step_s"]
+        rows.append({"model": model, "batch": batch, "mean_padded_len": runs[0]["mean_padded_len"],
+                     "runs": len(runs), "measured s": measured,
+                     "min s": min(steps), "max s": max(steps), "predicted s": predicted,
+                     "error": predicted / measured - 1})
     return rows
 
 
-def compare(terms: dict[str, float], model: str, batch: int, padded_len: float, a: GpuSpec, b: GpuSpec) -> dict:
-    """``b``'s step time over ``a``'s, as a range: host added in full (the device waits for it, as here) or
-    hidden behind the device; and the part that contributes most to the difference."""
-    ratios = [predict(terms, model, batch, padded_len, b, host)["step_s"] /
-              predict(terms, model, batch, padded_len, a, host)["step_s"] for host in (True, False)]
-    pa, pb = (predict(terms, model, batch, padded_len, card) for card in (a, b))
-    deciding = max((p for p in PARTS if p != "host"), key=lambda p: abs(pb[p] - pa[p]))
-    return {"low": min(ratios), "high": max(ratios), "deciding": deciding,
-            "deciding_s": pb[deciding] - pa[deciding]}
+def uncertainty(rows: list[dict]) -> dict[str, float]:
+    """The model's stated uncertainty for each model: the largest relative error on its points that the step
+    model did not see (:func:`validate`'s rows)."""
+    if not rows:
+        raise ValueError("no validation rows: the model's error is unknown")
+    errors: dict[str, float] = {}
+    for r in rows:
+        errors[r["model"]] = max(errors.get(r["model"], 0.0), abs(r["error"]))
+    return errors
+
+
+def compare(step_model: StepModel, model: str, batch: int, padded_len: float, a: GpuSpec, b: GpuSpec,
+            error: float) -> dict:
+    """``b``'s step time over ``a``'s: the nominal ratio (host added in full) and its range when each scale's
+    time (tensor, bandwidth, host) is off by up to ``error`` (the same on both cards: the same software) and
+    the host is added or hidden; the part that contributes most to the difference in the device's time (in its
+    direction), its seconds, and the nominal ratio if that part followed the SM clock instead (a what-if)."""
+    if not 0 <= error < 1:
+        raise ValueError(f"error must be in [0, 1), got {error}")
+    ratios = []
+    for signs in itertools.product((1 - error, 1 + error), repeat=len(SCALES)):
+        factors = dict(zip(SCALES, signs))
+        for overlap in (False, True):
+            pa, pb = (step_model.predict(model, batch, padded_len, card, factors, overlap) for card in (a, b))
+            ratios.append(pb["step_s"] / pa["step_s"])
+    pa, pb = (step_model.predict(model, batch, padded_len, card) for card in (a, b))
+    sign = 1.0 if pb["device_s"] >= pa["device_s"] else -1.0  # the part that moves the device time most that way
+    deciding = max((p for p in PARTS if p != "host"), key=lambda p: sign * (pb[p] - pa[p]))
+    ca, cb = (step_model.predict(model, batch, padded_len, card, clock_parts=(deciding,)) for card in (a, b))
+    return {"ratio": pb["step_s"] / pa["step_s"], "low": min(ratios), "high": max(ratios), "deciding": deciding,
+            "deciding_s": pb[deciding] - pa[deciding], "ratio if deciding x clock": cb["step_s"] / ca["step_s"]}
+
+
+def tie_share(here: GpuSpec, a: GpuSpec, b: GpuSpec) -> float:
+    """The bandwidth parts' time over the matmuls' time (both on ``here``) at which ``a`` and ``b`` take the
+    same device time: above it the card with more bandwidth is faster, below it the one with more FLOP/s."""
+    tensor = here.tensor_tflops / b.tensor_tflops - here.tensor_tflops / a.tensor_tflops
+    bandwidth = here.bandwidth_gbps / b.bandwidth_gbps - here.bandwidth_gbps / a.bandwidth_gbps
+    if tensor * bandwidth >= 0:
+        raise ValueError(f"{a.name} and {b.name}: one has both more FLOP/s and more bandwidth; no tie")
+    return -tensor / bandwidth
+
+
+def rank(step_model: StepModel, rows: list[dict], a: GpuSpec, b: GpuSpec) -> list[dict]:
+    """For each validated point (:func:`validate`'s rows): ``b``'s step time over ``a``'s as a range under that
+    model's uncertainty (:func:`compare`), the card it favours ("not decided by this run" where the range
+    holds 1) and the deciding part."""
+    errors = uncertainty(rows)
+    ranked = []
+    for r in rows:
+        c = compare(step_model, r["model"], r["batch"], r["mean_padded_len"], a, b, min(errors[r["model"]], 0.99))
+        winner = a.name if c["low"] > 1 else b.name if c["high"] < 1 else "not decided by this run"
+        ranked.append({"model": r["model"], "batch": r["batch"], "uncertainty": errors[r["model"]], **c,
+                       "faster": winner})
+    return ranked
+
+
+DEVICE_SCALINGS = ("bandwidth", "clock")  # what a decode step's device time may follow on another card
+
+
+def decode_seconds(records: list[dict], here: GpuSpec, card: GpuSpec, new_tokens: int, scaling: str,
+                   prompt_tokens: int = 32) -> float:
+    """Seconds stock ``generate()`` takes for ``new_tokens`` after a ``prompt_tokens`` prompt on ``card``, from
+    the ``decode_parts`` records measured on ``here``: each token's host time as measured at its context and its
+    device time scaled by ``scaling`` ("bandwidth": HBM bandwidth; "clock": the SM boost clock), both
+    interpolated linearly between the measured contexts (the end values outside them)."""
+    if scaling not in DEVICE_SCALINGS:
+        raise ValueError(f"scaling must be one of {DEVICE_SCALINGS}, got {scaling!r}")
+    recs = sorted((r for r in records if r.get("what") == "decode_parts" and r.get("kv_cache")),
+                  key=lambda r: r["context"])
+    if not recs or new_tokens < 1:
+        raise ValueError(f"need decode_parts records (with the KV cache) and new_tokens >= 1, got {new_tokens}")
+    factor = (here.bandwidth_gbps / card.bandwidth_gbps if scaling == "bandwidth" else here.boost_mhz / card.boost_mhz)
+    context = np.arange(prompt_tokens, prompt_tokens + new_tokens)
+    measured = [r["context"] for r in recs]
+    host = np.interp(context, measured, [r["host_s_per_token"] for r in recs])
+    device = np.interp(context, measured, [r["device_s_per_token"] for r in recs])
+    return float((host + factor * device).sum())
+
+
+def decode_lead(records: list[dict], here: GpuSpec, a: GpuSpec, b: GpuSpec, lengths: list[int]) -> dict:
+    """``b``'s tokens/s over ``a``'s for each output length in ``lengths``, under each device scaling."""
+    return {s: [decode_seconds(records, here, a, n, s) / decode_seconds(records, here, b, n, s) for n in lengths]
+            for s in DEVICE_SCALINGS}
 
 
 def measure_train_parts(model_name: str, batch: int, data: TokenizedData, device: torch.device, *,
