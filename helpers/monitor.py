@@ -8,6 +8,7 @@ NVML gives for holding the clock down, read through NVML (what nvitop shows, as 
 """
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
@@ -170,12 +171,12 @@ class GpuMonitor:
                 out[f"{field}_max"] = max(values)
         return out
 
-    def clock_events(self, since_s: float = 0.0) -> dict[str, float]:
-        """The share of samples from ``since_s`` on in which NVML set each clock-event reason, by name
-        ("none" for samples with no reason set)."""
-        chosen = [s for s in self.samples if s.t_s >= since_s]
+    def clock_events(self, since_s: float = 0.0, until_s: float = math.inf) -> dict[str, float]:
+        """The share of the samples taken from ``since_s`` to ``until_s`` in which NVML set each clock-event
+        reason, by name ("none" for samples with no reason set)."""
+        chosen = [s for s in self.samples if since_s <= s.t_s <= until_s]
         if not chosen:
-            raise RuntimeError(f"no samples at or after {since_s} s")
+            raise RuntimeError(f"no samples from {since_s} s to {until_s} s")
         counts: dict[str, int] = {}
         for s in chosen:
             for name in clock_event_names(s.clock_events) or ["none"]:

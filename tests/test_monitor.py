@@ -47,6 +47,7 @@ def test_clock_event_shares_and_missing_instant_power():
     shares = mon.clock_events()
     assert shares == {"GPU idle": 2 / 6, "software power cap": 3 / 6, "hardware slowdown": 1 / 6, "none": 1 / 6}
     assert mon.clock_events(since_s=2.0) == {"software power cap": 0.75, "hardware slowdown": 0.25, "none": 0.25}
+    assert mon.clock_events(since_s=2.0, until_s=3.0) == {"software power cap": 1.0}
     assert "power_instant_w_mean" not in mon.summary()  # no instantaneous reading: left out, not averaged as 0
     with pytest.raises(RuntimeError, match="no samples"):
         mon.clock_events(since_s=10.0)
