@@ -90,7 +90,7 @@ def _instant_power(pynvml, handle) -> float | None:
         return None
     try:
         value = pynvml.nvmlDeviceGetFieldValues(handle, [field])[0]
-    except pynvml.NVMLError:
+    except (pynvml.NVMLError, AttributeError, TypeError):  # a driver, or a binding, without field values
         return None
     return value.value.uiVal / 1e3 if value.nvmlReturn == pynvml.NVML_SUCCESS else None
 

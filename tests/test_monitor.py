@@ -1,4 +1,6 @@
+import sys
 import time
+import types
 
 import pytest
 import torch
@@ -73,3 +75,34 @@ def test_bad_interval_and_empty_summary():
 def test_nvml_without_driver_is_a_clear_error():
     with pytest.raises(RuntimeError, match="NVML"):
         nvml_reader()
+
+
+def fake_pynvml(instant_ok=True, new_names=True):
+    """A stand-in for the pynvml module: one GPU at 1,500 MHz, 400 W averaged, 650 W instantaneous."""
+    class NVMLError(Exception):
+        pass
+
+    field = types.SimpleNamespace(nvmlReturn=0 if instant_ok else 3, value=types.SimpleNamespace(uiVal=650_000))
+    nvml = types.SimpleNamespace(
+        NVMLError=NVMLError, NVML_SUCCESS=0, NVML_CLOCK_SM=1, NVML_FI_DEV_POWER_INSTANT=186,
+        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 1, nvmlDeviceGetHandleByIndex=lambda i: "gpu0",
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=2e9, total=8e9),
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=100),
+        nvmlDeviceGetPowerUsage=lambda h: 400_000, nvmlDeviceGetClockInfo=lambda h, kind: 1500,
+        nvmlDeviceGetFieldValues=lambda h, ids: [field])
+    reasons = lambda h: 0x4  # noqa: E731
+    if new_names:
+        nvml.nvmlDeviceGetCurrentClocksEventReasons = reasons
+    else:
+        nvml.nvmlDeviceGetCurrentClocksThrottleReasons = reasons
+    return nvml
+
+
+@pytest.mark.parametrize("instant_ok, new_names", [(True, True), (False, False)])
+def test_nvml_reader_reads_clock_events_and_instant_power(monkeypatch, instant_ok, new_names):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(instant_ok, new_names))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    s = nvml_reader()(0.5)
+    assert (s.t_s, s.util_pct, s.mem_pct, s.power_w, s.sm_clock_mhz) == (0.5, 100.0, 25.0, 400.0, 1500.0)
+    assert clock_event_names(s.clock_events) == ["software power cap"]
+    assert s.power_instant_w == (650.0 if instant_ok else None)

@@ -12,7 +12,7 @@ def _datasheet_clock() -> tuple[float, str]:
     mhz = specs.tensor_clock_mhz(h200)
     return mhz, (f"datasheet (helpers.specs): {h200.tensor_tflops:g} TFLOP/s dense bf16 / ({h200.sms} SMs x "
                  f"{per_sm:,} FLOP per clock per SM) = {mhz:,.0f} MHz, below the {h200.boost_mhz:,} MHz boost clock: "
-                 "the tensor-core rate is quoted at the clock the card holds under tensor-core load")
+                 "the tensor-core rate is not quoted at the boost clock")
 
 
 DATASHEET_CLOCK = NumberCheck(
