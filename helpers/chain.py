@@ -7,6 +7,12 @@ import torch.nn.functional as F
 
 from .bench import peak_memory_bytes as peak_extra_memory  # noqa: F401  (notebook 03 calls it by this name)
 from .bench import profile_kernels  # noqa: F401  (notebook 03 calls it from here)
+from .roofline import GELU_FLOPS, LAYERNORM_FLOPS
+
+# Which forward op a profiled kernel (or, on the CPU, aten operator) belongs to: the first op one of whose
+# fragments is in its name, lower-cased with underscores dropped. LayerNorm's kernels are
+# vectorized_layer_norm_kernel, or RowwiseMoments + LayerNormForward on its unvectorised path.
+KERNEL_OPS = (("layer_norm", ("layernorm", "rowwisemoments")), ("gelu", ("gelu",)), ("add", ("add",)))
 
 
 def eager_chain(x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor | None = None,
@@ -44,6 +50,30 @@ def eager_backward_bytes(m: int, n: int, elem: int) -> dict[str, int]:
     _check_sizes(m, n, elem)
     t = m * n * elem
     return {"layer_norm_backward": 3 * t + 3 * n * elem + 2 * m * 4, "gelu_backward": 3 * t, "bias_grad": t + n * elem}
+
+
+def eager_forward_flops(m: int, n: int) -> dict[str, int]:
+    """FLOPs of each eager forward kernel by notebook 02's count (``helpers.roofline``): the add 1 per
+    element, the GELU ``GELU_FLOPS``, the LayerNorm ``LAYERNORM_FLOPS``."""
+    _check_sizes(m, n, 2)
+    return {"add": m * n, "gelu": GELU_FLOPS * m * n, "layer_norm": LAYERNORM_FLOPS * m * n}
+
+
+def kernel_op(name: str) -> str | None:
+    """The forward op (``add``, ``gelu``, ``layer_norm``) that a profiled kernel's name belongs to, or None."""
+    key = name.lower().replace("_", "")
+    return next((op for op, fragments in KERNEL_OPS if any(f in key for f in fragments)), None)
+
+
+def profiled_ms(rows: list[dict]) -> dict[str, float]:
+    """Each forward op's time per call of the chain from :func:`profile_kernels` rows (device time of its
+    kernels on a GPU, CPU time of its operators on the CPU), in ms."""
+    ms: dict[str, float] = {}
+    for r in rows:
+        op = kernel_op(r["name"])
+        if op is not None:
+            ms[op] = ms.get(op, 0.0) + r["us_per_call"] * r["calls"] / 1e3
+    return ms
 
 
 def fused_forward_bytes(m: int, n: int, elem: int) -> int:

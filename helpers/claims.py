@@ -13,7 +13,7 @@ from typing import Callable, NamedTuple
 
 import pandas as pd
 
-from . import results, roofline, specs
+from . import chain, results, specs
 from .device import SCALE
 from .finetune import analysis, step_model
 
@@ -63,25 +63,29 @@ def _span(values: list[float]) -> str:
 
 
 def chain_memory_bound(load: Loader, gpu: str) -> Verdict:
-    rule = ("each kernel of the eager chain (bias add, GELU, LayerNorm; notebook 02's FLOP and byte counts) has "
-            "an intensity below the fp32 ridge (datasheet fp32 peak / measured copy bandwidth): all: confirmed, "
-            "none: refuted, some: partly")
-    roof = load("roofline", gpu)
-    if roof is None:
-        return _missing(rule, "roofline")
-    spec = _card(roof)
+    rule = ("each forward kernel of the eager chain (results/<gpu>/naive_chain.json: bias add, GELU, LayerNorm): "
+            "its FLOPs (notebook 02's count) over the bytes it must move, against the fp32 ridge (datasheet fp32 "
+            "peak / the copy bandwidth measured in the same run): all below: confirmed, none: refuted, some: "
+            "partly. A kernel's % of copy says how near its memory roof it ran, not what bounds it")
+    res = load("naive_chain", gpu)
+    if res is None:
+        return _missing(rule, "naive_chain")
+    spec = _card(res)
     if spec is None:
-        return Verdict(UNDECIDED, rule, {}, f"no datasheet row for {roof.provenance.get('gpu')}")
-    copy = roof.where(probe="ceiling", what="copy")[0]["gbps"]
+        return Verdict(UNDECIDED, rule, {}, f"no datasheet row for {res.provenance.get('gpu')}")
+    ops = res.where(what="op", **{"pass": "fwd"})
+    if not ops:
+        return Verdict(UNDECIDED, rule, {}, "no forward kernel timed")
+    copy = ops[0]["copy_gbps"]
     ridge = spec.fp32_tflops * 1e3 / copy
-    ops = [o for o in roofline.operations() if o["operation"].startswith("naive chain")]
-    below = [o["flops_per_byte"] < ridge for o in ops]
+    flops = chain.eager_forward_flops(ops[0]["M"], ops[0]["N"])
+    intensity = {o["op"]: flops[o["op"]] / o["bytes"] for o in ops}
+    slowest = min(ops, key=lambda o: o["gbps"])
     evidence = {"fp32 ridge (FLOP/byte)": round(ridge, 1),
-                **{o["operation"].split(": ")[1]: round(o["flops_per_byte"], 2) for o in ops}}
-    chain = load("naive_chain", gpu)
-    fwd = chain.where(what="chain", op="add+gelu+layer_norm") if chain else []
-    if fwd:
-        evidence["eager chain, % of copy"] = round(100 * fwd[0]["gbps"] / fwd[0]["copy_gbps"])
+                **{f"{op} (FLOP/byte)": round(i, 2) for op, i in intensity.items()},
+                "% of copy": ", ".join(f"{o['op']} {100 * o['gbps'] / copy:.0f}" for o in ops),
+                "slowest kernel": slowest["op"]}
+    below = [i < ridge for i in intensity.values()]
     verdict = CONFIRMED if all(below) else REFUTED if not any(below) else PARTLY
     return Verdict(verdict, rule, evidence)
 

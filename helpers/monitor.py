@@ -1,5 +1,6 @@
 """Sample the GPU in a background thread while a block of code runs: utilisation, memory, power
-and SM clock, read through NVML (what nvitop shows, as data).
+(NVML's trailing average and, where the driver has it, the instantaneous reading), SM clock and the reasons
+NVML gives for holding the clock down, read through NVML (what nvitop shows, as data).
 
     with GpuMonitor() as mon:
         train_step()
@@ -7,6 +8,7 @@ and SM clock, read through NVML (what nvitop shows, as data).
 """
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
@@ -24,6 +26,29 @@ class Sample:
     mem_pct: float
     power_w: float
     sm_clock_mhz: float
+    clock_events: int = 0  # bit mask of NVML's clock-event (throttle) reasons: CLOCK_EVENTS names the bits
+    power_instant_w: float | None = None  # NVML_FI_DEV_POWER_INSTANT; None where the driver lacks it
+
+
+# NVML's clock-event reasons (nvml.h, nvmlClocksEventReason*; "throttle reasons" in older NVML): why the SM
+# clock is below the highest one allowed. Bits not named here are reported as "other".
+CLOCK_EVENTS = {
+    0x1: "GPU idle",
+    0x2: "applications clock setting",
+    0x4: "software power cap",
+    0x8: "hardware slowdown",
+    0x10: "sync boost",
+    0x20: "software thermal slowdown",
+    0x40: "hardware thermal slowdown",
+    0x80: "hardware power brake",
+    0x100: "display clock setting",
+}
+
+
+def clock_event_names(mask: int) -> list[str]:
+    """The reasons set in an NVML clock-event bit mask, by name ("other" for bits NVML added later)."""
+    names = [name for bit, name in CLOCK_EVENTS.items() if mask & bit]
+    return names + ["other"] if mask & ~sum(CLOCK_EVENTS) else names
 
 
 def nvml_reader(index: int | None = None) -> Callable[[], Sample]:
@@ -37,6 +62,9 @@ def nvml_reader(index: int | None = None) -> Callable[[], Sample]:
     except pynvml.NVMLError as exc:
         raise RuntimeError(f"NVML could not start ({exc}): no NVIDIA driver on this machine?") from exc
     handle = _nvml_handle(pynvml, index)
+    clock_events = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+        pynvml.nvmlDeviceGetCurrentClocksThrottleReasons  # the older name, in older nvidia-ml-py
+    instant = _instant_power(pynvml, handle) is not None
 
     def read(t_s: float = 0.0) -> Sample:
         mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
@@ -47,9 +75,24 @@ def nvml_reader(index: int | None = None) -> Callable[[], Sample]:
             mem_pct=100.0 * mem.used / mem.total,
             power_w=pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
             sm_clock_mhz=float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+            clock_events=int(clock_events(handle)),
+            power_instant_w=_instant_power(pynvml, handle) if instant else None,
         )
 
     return read
+
+
+def _instant_power(pynvml, handle) -> float | None:
+    """NVML's instantaneous board power in W (field NVML_FI_DEV_POWER_INSTANT, in mW), or None where this
+    driver or GPU does not report it. ``nvmlDeviceGetPowerUsage`` is instead an average over about a second."""
+    field = getattr(pynvml, "NVML_FI_DEV_POWER_INSTANT", None)
+    if field is None:
+        return None
+    try:
+        value = pynvml.nvmlDeviceGetFieldValues(handle, [field])[0]
+    except (pynvml.NVMLError, AttributeError, TypeError):  # a driver, or a binding, without field values
+        return None
+    return value.value.uiVal / 1e3 if value.nvmlReturn == pynvml.NVML_SUCCESS else None
 
 
 def _nvml_handle(pynvml, index: int | None):
@@ -121,11 +164,24 @@ class GpuMonitor:
         if not self.samples:
             raise RuntimeError("no samples: use the monitor as a context manager around the code to watch")
         out: dict = {"samples": len(self.samples)}
-        for field in ("util_pct", "mem_used_gb", "mem_pct", "power_w", "sm_clock_mhz"):
-            values = [getattr(s, field) for s in self.samples]
-            out[f"{field}_mean"] = statistics.fmean(values)
-            out[f"{field}_max"] = max(values)
+        for field in ("util_pct", "mem_used_gb", "mem_pct", "power_w", "power_instant_w", "sm_clock_mhz"):
+            values = [getattr(s, field) for s in self.samples if getattr(s, field) is not None]
+            if values:
+                out[f"{field}_mean"] = statistics.fmean(values)
+                out[f"{field}_max"] = max(values)
         return out
+
+    def clock_events(self, since_s: float = 0.0, until_s: float = math.inf) -> dict[str, float]:
+        """The share of the samples taken from ``since_s`` to ``until_s`` in which NVML set each clock-event
+        reason, by name ("none" for samples with no reason set)."""
+        chosen = [s for s in self.samples if since_s <= s.t_s <= until_s]
+        if not chosen:
+            raise RuntimeError(f"no samples from {since_s} s to {until_s} s")
+        counts: dict[str, int] = {}
+        for s in chosen:
+            for name in clock_event_names(s.clock_events) or ["none"]:
+                counts[name] = counts.get(name, 0) + 1
+        return {name: n / len(chosen) for name, n in counts.items()}
 
     def as_records(self) -> list[dict]:
         """Every sample as a flat dict (for a plot or a DataFrame)."""

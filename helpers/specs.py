@@ -105,6 +105,19 @@ SPECS: tuple[GpuSpec, ...] = (
 PCIE_X16_GBPS = {"PCIe 4.0 x16": 31.5, "PCIe 5.0 x16": 63.0}
 
 
+# Dense 16-bit tensor-core FLOPs one SM does per clock (an FMA counts 2): the Ampere SM does 1,024 FMA a clock
+# (256 per tensor core, 4 tensor cores: _AMPERE_WP), the Hopper SM twice the Ampere SM's rate clock for clock
+# (_HOPPER_WP, "2x the MMA rates of the A100 SM"). The datasheet peak is SMs x this x the clock it assumes.
+TENSOR_FLOP_PER_CLOCK_PER_SM = {"Ampere": 2048, "Hopper": 4096}
+
+
+def tensor_clock_mhz(spec: GpuSpec) -> float | None:
+    """The SM clock the datasheet's dense 16-bit tensor rate assumes: peak / (SMs x FLOP per clock per SM);
+    None for an architecture without a figure in TENSOR_FLOP_PER_CLOCK_PER_SM."""
+    per_sm = TENSOR_FLOP_PER_CLOCK_PER_SM.get(spec.architecture)
+    return None if per_sm is None else spec.tensor_tflops * 1e12 / (spec.sms * per_sm) / 1e6
+
+
 def lookup(device_name: str) -> GpuSpec | None:
     """The datasheet row for a device name as ``torch.cuda.get_device_name()`` reports it, or None."""
     if not isinstance(device_name, str) or not device_name.strip():

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import helpers
-from helpers import chain
+from helpers import chain, roofline
 
 
 def test_eager_chain_is_layernorm_of_gelu():
@@ -62,3 +62,32 @@ def test_peak_extra_memory_counts_the_chains_tensors():
     peak = chain.peak_extra_memory(lambda: chain.eager_chain(x, torch.zeros(256, device=helpers.DEVICE)))
     # at least the output; at most the chain's three full-size results (x + b, GELU, LayerNorm) and a little more
     assert x.numel() * 4 <= peak <= 4 * x.numel() * 4
+
+
+def test_forward_flops_follow_notebook_02s_count():
+    flops = chain.eager_forward_flops(3, 5)
+    assert flops == {"add": 15, "gelu": 15 * roofline.GELU_FLOPS, "layer_norm": 15 * roofline.LAYERNORM_FLOPS}
+
+
+@pytest.mark.parametrize("name, op", [
+    ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::CUDAFunctor_add"
+     "<c10::BFloat16> >(at::TensorIteratorBase&, at::native::CUDAFunctor_add<c10::BFloat16> const&)", "add"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
+     "at::native::GeluType)::{lambda()#2}::operator()() const", "gelu"),
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>(int, float, "
+     "c10::BFloat16 const*, ...)", "layer_norm"),
+    ("void at::native::(anonymous namespace)::RowwiseMomentsCUDAKernel<c10::BFloat16, float>(long, float, ...)",
+     "layer_norm"),
+    ("aten::add", "add"), ("aten::gelu", "gelu"), ("aten::native_layer_norm", "layer_norm"),
+    ("aten::empty_like", None), ("void at::native::vectorized_elementwise_kernel<4, FillFunctor<float> >", None),
+])
+def test_profiled_kernels_map_to_their_op(name, op):
+    assert chain.kernel_op(name) == op
+
+
+def test_profiled_ms_sums_each_ops_kernels_per_call():
+    rows = [{"name": "aten::add", "calls": 1, "us_per_call": 100.0},
+            {"name": "aten::layer_norm", "calls": 1, "us_per_call": 10.0},
+            {"name": "aten::native_layer_norm", "calls": 2, "us_per_call": 45.0},
+            {"name": "aten::empty", "calls": 3, "us_per_call": 1.0}]
+    assert chain.profiled_ms(rows) == pytest.approx({"add": 0.1, "layer_norm": 0.1})

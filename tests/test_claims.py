@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import claims, specs
+from helpers import chain, claims, specs
 from helpers.finetune import step_model
 from helpers.claims import CONFIRMED, PARTLY, REFUTED, UNDECIDED
 from helpers.results import Result
@@ -46,14 +46,27 @@ def test_missing_files_leave_every_results_claim_undecided():
             assert c.judge(loader({}), "h200").verdict == UNDECIDED, c.id
 
 
-def _roofline(copy_gbps):
-    return {("roofline", "h200"): [{"probe": "ceiling", "what": "copy", "gbps": copy_gbps}]}
+def _chain(copy_gbps, gbps=(1600.0, 3000.0, 2500.0), m=16384, n=4096):
+    """naive_chain.json's forward kernels at 16384 x 4096 bf16 (chain.eager_forward_bytes), each at ``gbps``."""
+    bytes_ = chain.eager_forward_bytes(m, n, 2)
+    return {("naive_chain", "h200"): [{"what": "op", "pass": "fwd", "op": op, "dtype": "bf16", "M": m, "N": n,
+                                       "bytes": bytes_[op], "gbps": g, "copy_gbps": copy_gbps}
+                                      for op, g in zip(("add", "gelu", "layer_norm"), gbps)]}
 
 
 def test_chain_memory_bound_flips_with_the_ridge():
-    assert judge("chain-memory-bound", _roofline(4000.0)).verdict == CONFIRMED  # fp32 ridge ~17 FLOP/byte
-    assert judge("chain-memory-bound", _roofline(30000.0)).verdict == PARTLY  # ridge 2.2: GELU above it
-    assert judge("chain-memory-bound", _roofline(1e6)).verdict == REFUTED  # ridge 0.07: every kernel above
+    got = judge("chain-memory-bound", _chain(4200.0))  # fp32 ridge 66.9 TFLOP/s / 4.2 TB/s ~ 16 FLOP/byte
+    assert got.verdict == CONFIRMED and got.evidence["slowest kernel"] == "add"
+    assert judge("chain-memory-bound", _chain(31000.0)).verdict == PARTLY  # ridge 2.16: GELU's 2.25 above it
+    assert judge("chain-memory-bound", _chain(1e6)).verdict == REFUTED  # ridge 0.07: every kernel above
+
+
+def test_chain_memory_bound_is_judged_by_intensity_not_by_percent_of_copy():
+    slow = judge("chain-memory-bound", _chain(4200.0, gbps=(100.0, 200.0, 300.0)))  # each under 10% of copy
+    assert slow.verdict == CONFIRMED and slow.evidence["slowest kernel"] == "add"
+    assert judge("chain-memory-bound", {}).verdict == UNDECIDED
+    no_card = {key: (dict(H200, gpu="Some Unknown GPU"), recs) for key, recs in _chain(4200.0).items()}
+    assert judge("chain-memory-bound", no_card).verdict == UNDECIDED
 
 
 def _fused(fwd_x, graph_x):

@@ -1,5 +1,5 @@
 """The exercises' checks: every solution passes, planted wrong answers fail, skeletons are "not attempted",
-and every notebook 01-08 carries at least two of them."""
+every notebook 01-08 carries at least two of them, and 00 those it has."""
 import json
 import re
 from pathlib import Path
@@ -258,6 +258,11 @@ def test_notebook_has_exercises(number):
     assert all(i.startswith(number + ".") for i in ids)
 
 
+def test_notebook_00_carries_its_exercises():
+    ids = {i for i in CHECKS if i.startswith("00.")}
+    assert ids and ids_in_notebook("00") == ids
+
+
 def test_every_check_is_in_a_notebook():
-    named = set().union(*(ids_in_notebook(f"{n:02d}") for n in range(1, 9)))
+    named = set().union(*(ids_in_notebook(f"{n:02d}") for n in range(0, 9)))
     assert set(CHECKS) <= named, f"not in any notebook: {sorted(set(CHECKS) - named)}"

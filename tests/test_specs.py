@@ -59,3 +59,11 @@ def test_seed_cards_facts():
     a100, ada = specs.by_name("A100 40GB SXM"), specs.by_name("RTX 6000 Ada")
     assert (a100.nvlink_gbps, a100.mig_slices, a100.tdp_w) == (600, 7, 400)
     assert (ada.nvlink_gbps, ada.mig_slices, ada.memory_gb, ada.tdp_w) == (None, 0, 48, 300)
+
+
+def test_tensor_clock_is_the_datasheet_rate_over_sms_and_flop_per_clock():
+    assert specs.tensor_clock_mhz(specs.by_name("A100 40GB SXM")) == pytest.approx(1410, rel=0.002)  # its boost
+    h200 = specs.by_name("H200")
+    assert specs.tensor_clock_mhz(h200) == pytest.approx(1830, rel=0.002)  # below its 1,980 MHz boost clock
+    assert specs.tensor_clock_mhz(h200) < h200.boost_mhz
+    assert specs.tensor_clock_mhz(specs.by_name("V100 SXM2")) is None  # no per-SM figure for Volta
