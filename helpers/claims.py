@@ -122,9 +122,6 @@ def fusion_parts(bench: list[dict], ladder: list[dict] | None, scale: str = "ful
     """The seed's "3-4x with the same FLOPs" in three parts, each with its rule: the forward, the forward +
     backward, and the same FLOPs. ``bench``: notebook 04's benchmark records (fused_bias_gelu_layernorm.json);
     ``ladder``: its ladder's (fused_ladder.json), or None; ``scale``: a smoke-scale run decides nothing."""
-    if scale != "full":
-        why = f"a {scale}-scale run (the CPU interpreter's times decide nothing)"
-        return {part: Verdict(UNDECIDED, rule, {}, why) for part, rule in FUSION_RULES.items()}
     fwd, graph, called = (_speedups(bench, p, timing) for p, timing in
                           (("fwd", "events"), ("fwd+bwd", "graph"), ("fwd+bwd", "events")))
     forward = FUSION_RULES["forward"]
@@ -149,6 +146,9 @@ def fusion_parts(bench: list[dict], ladder: list[dict] | None, scale: str = "ful
     else:
         parts["the same FLOPs"] = Verdict(UNDECIDED, FUSION_RULES["the same FLOPs"], {},
                                           "no ladder timed: no results file fused_ladder.json (notebook 04)")
+    if scale != "full":
+        why = f"a {scale}-scale run: the CPU interpreter's times decide nothing"
+        return {part: v._replace(verdict=UNDECIDED, why=why) for part, v in parts.items()}
     return parts
 
 
@@ -181,6 +181,11 @@ def _backward_band(both: dict, fwd: dict) -> tuple[float, float, float]:
     def q(r: dict, k: str) -> float:
         return r.get(k) if r.get(k) is not None else r["ms"]
     return both["ms"] - fwd["ms"], q(both, "ms_p20") - q(fwd, "ms_p80"), q(both, "ms_p80") - q(fwd, "ms_p20")
+
+
+BACKWARD_OUTCOME_RULE = ("a backward's time is forward + backward minus forward, with a band from the timings' 20th "
+                         "and 80th percentiles; flash's backward is faster where its band lies below standard "
+                         "attention's, slower where above, not decided where the two overlap")
 
 
 def backward_outcomes(records: list[dict]) -> list[dict]:
@@ -224,14 +229,15 @@ def flash_backward(load: Loader, gpu: str) -> Verdict:
             "more. 'Runs faster': at every non-causal shape where standard attention (PyTorch, P kept) and the "
             "Triton FlashAttention both ran (results flash_backward.json, B = 1, and flash_attention.json's race, "
             "B = 16384 / S; causal shapes left out: there the tiled kernels skip the masked tiles that standard "
-            "attention computes, so they do fewer FLOPs), the backward (forward + backward minus forward) is faster "
-            "where its 20th-80th percentile band lies below standard's, slower where above, not decided where they "
-            "overlap. 'Never stores N x N': its peak memory below standard's at every S and growing at most 2.5x "
+            "attention computes, so they do fewer FLOPs): " + BACKWARD_OUTCOME_RULE + ". 'Never stores N x N': "
+            "its peak memory below standard's at every S and growing at most 2.5x "
             "per doubling of S. Faster at every shape: confirmed; slower at every shape, or an N x N footprint: "
             "refuted; no shape decided: not decided; otherwise partly")
     res = load("flash_attention", gpu)
     if res is None:
         return _missing(rule, "flash_attention")
+    if res.provenance.get("scale", "full") != "full":
+        return Verdict(UNDECIDED, rule, {}, f"a {res.provenance.get('scale')}-scale run decides nothing")
     claim = load("flash_backward", gpu)
     rows = backward_outcomes(res.records) + (backward_outcomes(claim.records) if claim else [])
     peak = {(r["impl"], r["S"]): r["peak_mem_bytes"] for r in res.records
