@@ -216,7 +216,7 @@ def _by_length(rows: list[dict]) -> dict[str, str]:
                            for k, o in (("faster", "faster"), ("slower", "slower"), ("not decided", UNDECIDED)))
         slow = [f"B = {r['B']}, D = {r['D']}: {r['flash bwd ms']:.3f} vs {r['standard bwd ms']:.3f} ms"
                 for r in at if r["outcome"] != "faster"]
-        out[f"S = {s}"] = f"{counts} of {len(at)} shapes" + (f" ({'; '.join(slow)})" if slow else "")
+        out[f"S = {s}"] = f"{counts} of {len(at)} timed shapes" + (f" ({'; '.join(slow)})" if slow else "")
     return out
 
 
