@@ -27,6 +27,43 @@ def attention_flops(B: int, H: int, S_q: int, S_k: int, D: int, causal: bool, pa
     return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd+bwd": 3.5 * fwd}[pass_]
 
 
+FORWARD_PRODUCTS = ("S = Q Kᵀ", "O = P V")
+# The S_q x S_k x D matrix products of one attention backward, by design. Standard attention keeps P from the
+# forward; FlashAttention-2 recomputes S once, in the kernel that makes dK and dV (dQ by atomic adds); this
+# course's kernels (helpers/kernels/flash_attention.py) recompute what each needs: the dK/dV kernel S and dP, the
+# dQ kernel S and dP again, so that each program owns its outputs (no atomics).
+BACKWARD_PRODUCTS = {
+    "standard": ("dV = Pᵀ dO", "dP = dO Vᵀ", "dQ = dS K", "dK = dSᵀ Q"),
+    "FlashAttention-2": ("S = Q Kᵀ (recomputed)", "dV = Pᵀ dO", "dP = dO Vᵀ", "dQ = dS K", "dK = dSᵀ Q"),
+    "this course's kernels": ("dK/dV kernel: S = Q Kᵀ (recomputed)", "dK/dV kernel: dV = Pᵀ dO",
+                              "dK/dV kernel: dP = dO Vᵀ", "dK/dV kernel: dK = dSᵀ Q",
+                              "dQ kernel: S = Q Kᵀ (recomputed)", "dQ kernel: dP = dO Vᵀ (recomputed)",
+                              "dQ kernel: dQ = dS K"),
+}
+
+
+def design_matmul_flops(design: str, B: int, H: int, S_q: int, S_k: int, D: int, pass_: str = "bwd") -> float:
+    """Matrix-product FLOPs of one attention pass in one backward ``design`` (a key of
+    :data:`BACKWARD_PRODUCTS`), every product dense (2·S_q·S_k·D a head: no tiles skipped under a causal mask)."""
+    if design not in BACKWARD_PRODUCTS:
+        raise ValueError(f"unknown backward design {design!r}; known: {list(BACKWARD_PRODUCTS)}")
+    if pass_ not in ("bwd", "fwd+bwd"):
+        raise ValueError(f"pass_ must be 'bwd' or 'fwd+bwd', got {pass_!r}")
+    products = len(BACKWARD_PRODUCTS[design]) + (len(FORWARD_PRODUCTS) if pass_ == "fwd+bwd" else 0)
+    return products * 2.0 * B * H * S_q * S_k * D
+
+
+def backward_designs() -> list[dict]:
+    """One row per backward design: its products, and its matrix-product FLOPs over standard attention's, for
+    the backward alone and for forward + backward."""
+    def ratio(design: str, pass_: str) -> float:
+        return design_matmul_flops(design, 1, 1, 1, 1, 1, pass_) / design_matmul_flops("standard", 1, 1, 1, 1, 1,
+                                                                                        pass_)
+    return [{"design": d, "backward products": len(p), "bwd FLOPs / standard's": ratio(d, "bwd"),
+             "fwd+bwd FLOPs / standard's": ratio(d, "fwd+bwd"), "products": "; ".join(p)}
+            for d, p in BACKWARD_PRODUCTS.items()]
+
+
 def _sdpa(backend_name: str) -> Callable:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -93,7 +130,8 @@ def _step(fn: Callable, q, k, v, do, causal: bool, pass_: str) -> Callable[[], o
 
 def measure(impl: str, B: int, H: int, S: int, D: int, causal: bool, dtype: torch.dtype, pass_: str,
             H_kv: int | None = None, **time_kwargs) -> dict:
-    """One results record: time, TFLOP/s and peak extra memory of one implementation on one shape.
+    """One results record: time (the median, and ms_p20 / ms_p80, its 20th and 80th percentiles), TFLOP/s and
+    peak extra memory of one implementation on one shape.
 
     An implementation that runs out of memory or has no kernel for the shape is a result too: its
     record has ``status`` "oom" or "unsupported" and no time.
@@ -104,7 +142,7 @@ def measure(impl: str, B: int, H: int, S: int, D: int, causal: bool, dtype: torc
     q, k, v, do = make_inputs(B, H, S, D, dtype, H_kv)
     record = {"impl": impl, "pass": pass_, "B": B, "H": H, "H_kv": H_kv or H, "S": S, "D": D, "causal": causal,
               "dtype": str(dtype).removeprefix("torch."), "status": "ok", "ms": None, "tflops": None,
-              "peak_mem_bytes": None}
+              "peak_mem_bytes": None, "ms_p20": None, "ms_p80": None}
     run = _step(fn, q, k, v, do, causal, pass_)
     try:
         with (torch.cuda.device(q.device) if HAS_CUDA else contextlib.nullcontext()):
@@ -117,7 +155,7 @@ def measure(impl: str, B: int, H: int, S: int, D: int, causal: bool, dtype: torc
             raise
         record["status"] = "unsupported"
     else:
-        record["ms"] = timing.ms
+        record["ms"], record["ms_p20"], record["ms_p80"] = timing.ms, timing.ms_p20, timing.ms_p80
         record["tflops"] = timing.tflops(attention_flops(B, H, S, S, D, causal, pass_))
     finally:
         del q, k, v, do, run

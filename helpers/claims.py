@@ -13,7 +13,7 @@ from typing import Callable, NamedTuple
 
 import pandas as pd
 
-from . import chain, results, specs
+from . import attention_bench, chain, results, specs
 from .device import SCALE
 from .finetune import analysis, step_model
 
@@ -90,75 +90,181 @@ def chain_memory_bound(load: Loader, gpu: str) -> Verdict:
     return Verdict(verdict, rule, evidence)
 
 
-def _speedups(res: results.Result, pass_: str, timing: str) -> list[float]:
+FUSION_TARGET = 3.0  # the seed's "3-4x": at least 3x eager
+
+_T = f"{FUSION_TARGET:g}x"
+FUSION_RULES = {  # the three parts of the seed's "3-4x with the same FLOPs"
+    "forward": f"the fused forward over eager PyTorch's at every measured N and dtype: >= {_T} at all: confirmed; "
+               "at some: partly; at none: refuted",
+    "forward + backward": f"the same for forward + backward, on both clocks (device time in a CUDA graph, and "
+                          f"called from Python): >= {_T} at every point of both: confirmed; below {_T} at every "
+                          "point of both: refuted; otherwise partly",
+    "the same FLOPs": "the tuned kernel computes exact GELU in another form (erf_exp2 for 16-bit storage, "
+                      "erf_fp32 for fp32) than eager's library erf, so its FLOPs are not eager's; the kernel "
+                      "with eager's formula and the library erf is the ladder's rung 1: rung 1 over eager "
+                      f">= {_T} at every N and dtype: confirmed; at some: partly; at none: refuted"}
+
+
+def _speedups(records: list[dict], pass_: str, timing: str) -> list[float]:
     """eager time / fused time at every (dtype, N) measured with ``pass_`` and ``timing``."""
-    ms = {(r["dtype"], r["N"], r["impl"]): r["ms"] for r in res.records
+    ms = {(r["dtype"], r["N"], r["impl"]): r["ms"] for r in records
           if r["pass"] == pass_ and r.get("timing", "events") == timing}
     return [ms[d, n, "eager"] / ms[d, n, "triton"] for d, n, impl in ms if impl == "triton" and (d, n, "eager") in ms]
 
 
+def _ladder_ratios(ladder: list[dict], over: str | int, under: int) -> list[float]:
+    """ms of ``over`` (a rung, or "eager") / ms of rung ``under``, at every (dtype, N) the ladder timed."""
+    ms = {(r["dtype"], r["N"], "eager" if r.get("impl") == "eager" else r.get("rung")): r["ms"] for r in ladder}
+    return [ms[d, n, over] / ms[d, n, under] for d, n, k in ms if k == under and (d, n, over) in ms]
+
+
+def _at_least(xs: list[float], target: float) -> str:
+    return CONFIRMED if min(xs) >= target else REFUTED if max(xs) < target else PARTLY
+
+
+def fusion_parts(bench: list[dict], ladder: list[dict] | None, scale: str = "full") -> dict[str, Verdict]:
+    """The seed's "3-4x with the same FLOPs" in three parts, each with its rule: the forward, the forward +
+    backward, and the same FLOPs. ``bench``: notebook 04's benchmark records (fused_bias_gelu_layernorm.json);
+    ``ladder``: its ladder's (fused_ladder.json), or None; ``scale``: a smoke-scale run decides nothing."""
+    fwd, graph, called = (_speedups(bench, p, timing) for p, timing in
+                          (("fwd", "events"), ("fwd+bwd", "graph"), ("fwd+bwd", "events")))
+    forward = FUSION_RULES["forward"]
+    parts = {"forward": Verdict(_at_least(fwd, FUSION_TARGET), forward, {"over eager": f"{_span(fwd)}x"})
+             if fwd else Verdict(UNDECIDED, forward, {}, "no forward timed against eager")}
+    if graph and called:
+        train = (CONFIRMED if min(graph + called) >= FUSION_TARGET
+                 else REFUTED if max(graph + called) < FUSION_TARGET else PARTLY)
+        parts["forward + backward"] = Verdict(train, FUSION_RULES["forward + backward"],
+                                              {"device time (CUDA graph) over eager": f"{_span(graph)}x",
+                                               "called from Python over eager": f"{_span(called)}x"})
+    else:
+        parts["forward + backward"] = Verdict(UNDECIDED, FUSION_RULES["forward + backward"], {},
+                                              "forward + backward not timed on both clocks")
+    same = _ladder_ratios(ladder or [], "eager", 1)
+    if same:
+        gelu = _ladder_ratios(ladder, 1, 2)
+        evidence = {"rung 1 (eager's formula, library erf) over eager": f"{_span(same)}x"}
+        if gelu:
+            evidence["rung 2 (the cheaper exact GELU) over rung 1"] = f"{_span(gelu)}x"
+        parts["the same FLOPs"] = Verdict(_at_least(same, FUSION_TARGET), FUSION_RULES["the same FLOPs"], evidence)
+    else:
+        parts["the same FLOPs"] = Verdict(UNDECIDED, FUSION_RULES["the same FLOPs"], {},
+                                          "no ladder timed: no results file fused_ladder.json (notebook 04)")
+    if scale != "full":
+        why = f"a {scale}-scale run: the CPU interpreter's times decide nothing"
+        return {part: v._replace(verdict=UNDECIDED, why=why) for part, v in parts.items()}
+    return parts
+
+
 def fusion_speedup(load: Loader, gpu: str) -> Verdict:
-    rule = ("the fused kernel against eager PyTorch at every measured size and dtype: forward, and forward + "
-            "backward in device time (CUDA graph), each >= 3x: confirmed; only some of these >= 3x: partly; "
-            "the forward under 3x everywhere: refuted. 'The same FLOPs' is not tested: the fused kernel "
-            "computes the exact GELU in a cheaper form than eager's (notebook 04)")
+    rule = ("in three parts (notebook 04), each with its rule: "
+            + "; ".join(f"({i}) {part}: {rule}" for i, (part, rule) in enumerate(FUSION_RULES.items(), 1))
+            + ". All three confirmed: confirmed; the forward refuted: refuted; a part not decided and the others "
+            "confirmed: not decided; otherwise partly")
     res = load("fused_bias_gelu_layernorm", gpu)
     if res is None:
         return _missing(rule, "fused_bias_gelu_layernorm")
-    fwd = _speedups(res, "fwd", "events")
-    train = _speedups(res, "fwd+bwd", "graph")
-    called = _speedups(res, "fwd+bwd", "events")
-    if not fwd or not train:
-        return Verdict(UNDECIDED, rule, {}, "no forward, or no forward + backward timed in a CUDA graph")
-    evidence = {"forward x eager": _span(fwd), "forward+backward (CUDA graph) x eager": _span(train)}
-    if called:
-        evidence["forward+backward (called from Python) x eager"] = _span(called)
-    verdict = (CONFIRMED if min(fwd) >= 3 and min(train) >= 3 else REFUTED if max(fwd) < 3 else PARTLY)
-    return Verdict(verdict, rule, evidence)
+    ladder = load("fused_ladder", gpu)
+    parts = fusion_parts(res.records, ladder.records if ladder else None, res.provenance.get("scale", "full"))
+    evidence = {part: v.verdict + (f", {v.why}" if v.why else "") + (f": {_evidence_text(v.evidence)}"
+                                                                     if v.evidence else "")
+                for part, v in parts.items()}
+    got = [v.verdict for v in parts.values()]
+    if all(g == CONFIRMED for g in got):
+        return Verdict(CONFIRMED, rule, evidence)
+    if parts["forward"].verdict == REFUTED:
+        return Verdict(REFUTED, rule, evidence)
+    if UNDECIDED in got and all(g in (CONFIRMED, UNDECIDED) for g in got):
+        return Verdict(UNDECIDED, rule, evidence, "; ".join(f"{p}: {v.why}" for p, v in parts.items() if v.why))
+    return Verdict(PARTLY, rule, evidence)
 
 
-# S x S x D matrix products in one backward pass: standard attention's (dV, dP, dQ, dK), FlashAttention-2's
-# (those and the recomputed S), and this course's (separate dK/dV and dQ kernels, each recomputing S and dP).
-BACKWARD_PRODUCTS = {"standard": 4, "FlashAttention-2": 5, "this course's kernels": 7}
+def _backward_band(both: dict, fwd: dict) -> tuple[float, float, float]:
+    """A backward's time, forward + backward minus forward: the medians' difference, and a band from the
+    20th/80th percentiles (the medians alone where a record has no percentiles)."""
+    def q(r: dict, k: str) -> float:
+        return r.get(k) if r.get(k) is not None else r["ms"]
+    return both["ms"] - fwd["ms"], q(both, "ms_p20") - q(fwd, "ms_p80"), q(both, "ms_p80") - q(fwd, "ms_p20")
+
+
+BACKWARD_OUTCOME_RULE = ("a backward's time is forward + backward minus forward, with a band from the timings' 20th "
+                         "and 80th percentiles; flash's backward is faster where its band lies below standard "
+                         "attention's, slower where above, not decided where the two overlap")
+
+
+def backward_outcomes(records: list[dict]) -> list[dict]:
+    """Per non-causal shape where standard attention ("naive") and the Triton FlashAttention both timed a
+    forward and a forward + backward: each backward's time (ms) and the outcome: "faster" where flash's band
+    (:func:`_backward_band`) lies below standard's, "slower" where above, "not decided" where they overlap."""
+    timed = {(r["impl"], r["pass"], r["B"], r["H"], r["S"], r["D"]): r for r in records
+             if r["status"] == "ok" and r["ms"] is not None and not r["causal"]}
+    rows = []
+    for b, h, s, d in sorted({k[2:] for k in timed}, key=lambda k: (k[2], k[0], k[3])):
+        try:
+            std, fl = (_backward_band(timed[impl, "fwd+bwd", b, h, s, d], timed[impl, "fwd", b, h, s, d])
+                       for impl in ("naive", "triton"))
+        except KeyError:
+            continue
+        outcome = "faster" if fl[2] < std[1] else "slower" if fl[1] > std[2] else UNDECIDED
+        rows.append({"S": s, "B": b, "H": h, "D": d, "standard bwd ms": std[0], "flash bwd ms": fl[0],
+                     "standard / flash": std[0] / fl[0], "outcome": outcome})
+    return rows
+
+
+def _by_length(rows: list[dict]) -> dict[str, str]:
+    """Per sequence length: how many of its shapes' backwards were faster, slower, not decided."""
+    out = {}
+    for s in sorted({r["S"] for r in rows}):
+        at = [r for r in rows if r["S"] == s]
+        counts = ", ".join(f"{k} {sum(r['outcome'] == o for r in at)}"
+                           for k, o in (("faster", "faster"), ("slower", "slower"), ("not decided", UNDECIDED)))
+        slow = [f"B = {r['B']}, D = {r['D']}: {r['flash bwd ms']:.3f} vs {r['standard bwd ms']:.3f} ms"
+                for r in at if r["outcome"] != "faster"]
+        out[f"S = {s}"] = f"{counts} of {len(at)} timed shapes" + (f" ({'; '.join(slow)})" if slow else "")
+    return out
 
 
 def flash_backward(load: Loader, gpu: str) -> Verdict:
-    rule = ("the backward (forward+backward minus forward) of the Triton FlashAttention against standard "
-            "attention at every shape both ran; FLOPs by count of S x S x D products (standard 4, "
-            "FlashAttention-2 5, the course's 7); 'never stores N x N': its peak memory below standard's at "
-            "every S and growing at most 2.5x per doubling of S. More FLOPs, no N x N, faster everywhere: "
-            "confirmed; faster at some shapes only: partly; slower everywhere or an N x N footprint: refuted")
+    flops = {d: attention_bench.design_matmul_flops(d, 1, 1, 1, 1, 1) for d in attention_bench.BACKWARD_PRODUCTS}
+    more = {d: f / flops["standard"] for d, f in flops.items() if d != "standard"}
+    rule = ("'more FLOPs': the backward's matrix products counted per design (helpers.attention_bench): "
+            + ", ".join(f"{d} {x:.2f}x" for d, x in more.items()) + " standard attention's FLOPs; the seed's "
+            "'more' is FlashAttention-2's recomputation, and the times are this course's kernels', which recompute "
+            "more. 'Runs faster': at every non-causal shape where standard attention (PyTorch, P kept) and the "
+            "Triton FlashAttention both ran (results flash_backward.json, B = 1, and flash_attention.json's race, "
+            "B = 16384 / S; causal shapes left out: there the tiled kernels skip the masked tiles that standard "
+            "attention computes, so they do fewer FLOPs): " + BACKWARD_OUTCOME_RULE + ". 'Never stores N x N': "
+            "its peak memory below standard's at every S and growing at most 2.5x "
+            "per doubling of S. Faster at every shape: confirmed; slower at every shape, or an N x N footprint: "
+            "refuted; no shape decided: not decided; otherwise partly")
     res = load("flash_attention", gpu)
     if res is None:
         return _missing(rule, "flash_attention")
-    timed = {(r["impl"], r["pass"], r["B"], r["H"], r["S"], r["D"], r["causal"]): r["ms"] for r in res.records
-             if r["status"] == "ok" and r["ms"] is not None}
-    shapes = sorted({k[2:] for k in timed})
-    bwd = {}
-    for shape in shapes:
-        try:
-            bwd[shape] = {impl: timed[(impl, "fwd+bwd", *shape)] - timed[(impl, "fwd", *shape)]
-                          for impl in ("naive", "triton")}
-        except KeyError:
-            continue
+    if res.provenance.get("scale", "full") != "full":
+        return Verdict(UNDECIDED, rule, {}, f"a {res.provenance.get('scale')}-scale run decides nothing")
+    claim = load("flash_backward", gpu)
+    rows = backward_outcomes(res.records) + (backward_outcomes(claim.records) if claim else [])
     peak = {(r["impl"], r["S"]): r["peak_mem_bytes"] for r in res.records
             if r["pass"] == "fwd+bwd" and r["ms"] is None and r["status"] == "ok" and r["peak_mem_bytes"]}
     flash_s = sorted(s for impl, s in peak if impl == "triton")
-    if not bwd or len(flash_s) < 2:
+    if not rows or len(flash_s) < 2:
         return Verdict(UNDECIDED, rule, {}, "no backward timed for both implementations, or no memory sweep")
-    faster = [b["triton"] < b["naive"] for b in bwd.values()]
     growth = max(2 ** (math.log(peak["triton", b] / peak["triton", a]) / math.log(b / a))  # per doubling of S
                  for a, b in zip(flash_s, flash_s[1:]))
     less = all(peak["triton", s] < peak["naive", s] for s in flash_s if ("naive", s) in peak)
-    more_flops = BACKWARD_PRODUCTS["this course's kernels"] > BACKWARD_PRODUCTS["standard"]
-    evidence = {"backward faster at": f"{sum(faster)} of {len(faster)} shapes",
-                "standard / flash backward time": _span([b["naive"] / b["triton"] for b in bwd.values()]),
+    outcomes = [r["outcome"] for r in rows]
+    evidence = {**_by_length(rows),
+                "standard / flash backward time": _span([r["standard / flash"] for r in rows]),
                 "flash peak memory growth per doubling of S (max)": round(growth, 2),
                 "flash peak memory below standard's at every S": less,
                 "standard OOM at S": [s for s in flash_s if ("naive", s) not in peak]}
-    no_nxn = less and growth <= 2.5
-    verdict = (REFUTED if not (no_nxn and more_flops and any(faster)) else CONFIRMED if all(faster) else PARTLY)
-    return Verdict(verdict, rule, evidence)
+    if not (less and growth <= 2.5 and min(more.values()) > 1) or all(o == "slower" for o in outcomes):
+        return Verdict(REFUTED, rule, evidence)
+    if all(o == "faster" for o in outcomes):
+        return Verdict(CONFIRMED, rule, evidence)
+    if all(o == UNDECIDED for o in outcomes):
+        return Verdict(UNDECIDED, rule, evidence, "the backward's time bands overlap at every shape")
+    return Verdict(PARTLY, rule, evidence)
 
 
 def memory_wall(load: Loader, gpu: str) -> Verdict:

@@ -47,3 +47,24 @@ def test_measure_record(pass_, monkeypatch):
 def test_measure_refuses_a_backward_it_cannot_time_alone():
     with pytest.raises(ValueError, match="fwd"):
         measure("naive", 1, 2, 32, 64, False, torch.float32, "bwd")
+
+
+def test_backward_designs_count_their_matrix_products():
+    from helpers.attention_bench import BACKWARD_PRODUCTS, backward_designs, design_matmul_flops
+    per_product = 2 * 2 * 3 * 100 * 80 * 64  # 2 S_q S_k D a head, B = 2, H = 3
+    assert design_matmul_flops("standard", 2, 3, 100, 80, 64) == 4 * per_product
+    assert design_matmul_flops("FlashAttention-2", 2, 3, 100, 80, 64) == 5 * per_product
+    assert design_matmul_flops("this course's kernels", 2, 3, 100, 80, 64, "fwd+bwd") == 9 * per_product
+    ratios = {r["design"]: (r["bwd FLOPs / standard's"], r["fwd+bwd FLOPs / standard's"]) for r in backward_designs()}
+    assert ratios == {"standard": (1.0, 1.0), "FlashAttention-2": (1.25, 7 / 6), "this course's kernels": (1.75, 1.5)}
+    with pytest.raises(ValueError, match="known"):
+        design_matmul_flops("FlashAttention-3", 1, 1, 1, 1, 1)
+    with pytest.raises(ValueError, match="bwd"):
+        design_matmul_flops("standard", 1, 1, 1, 1, 1, "fwd")
+    # this course's count is the kernels' own: every tl.dot in the two backward kernels is one S x S x D product
+    from helpers.kernels import flash_attention as fa, source
+    dots = {name: source(kernel).count("tl.dot(") for name, kernel in
+            (("dK/dV kernel", fa._bwd_dkdv_kernel), ("dQ kernel", fa._bwd_dq_kernel))}
+    listed = BACKWARD_PRODUCTS["this course's kernels"]
+    assert dots == {name: sum(p.startswith(name) for p in listed) for name in dots} == {"dK/dV kernel": 4,
+                                                                                      "dQ kernel": 3}

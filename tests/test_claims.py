@@ -69,44 +69,99 @@ def test_chain_memory_bound_is_judged_by_intensity_not_by_percent_of_copy():
     assert judge("chain-memory-bound", no_card).verdict == UNDECIDED
 
 
-def _fused(fwd_x, graph_x):
+def _fused(fwd_x, graph_x, called_x=None, rung1_x=None, scale="full"):
+    """Benchmark records with eager at ``*_x`` times the fused kernel's, and (``rung1_x``) a ladder whose rung 1
+    (eager's formula) is ``rung1_x`` times faster than eager and rung 2 faster still."""
     recs = []
     for n in (1024, 4096):
-        for pass_, timing, x in (("fwd", "events", fwd_x), ("fwd+bwd", "graph", graph_x)):
+        for pass_, timing, x in (("fwd", "events", fwd_x), ("fwd+bwd", "graph", graph_x),
+                                 ("fwd+bwd", "events", graph_x if called_x is None else called_x)):
             recs += [{"impl": "eager", "pass": pass_, "timing": timing, "dtype": "bf16", "N": n, "ms": x},
                      {"impl": "triton", "pass": pass_, "timing": timing, "dtype": "bf16", "N": n, "ms": 1.0}]
-    return {("fused_bias_gelu_layernorm", "h200"): recs}
+    files = {("fused_bias_gelu_layernorm", "h200"): ({**H200, "scale": scale}, recs)}
+    if rung1_x is not None:
+        files["fused_ladder", "h200"] = [
+            {"rung": rung, "impl": impl, "dtype": "bf16", "N": n, "ms": ms} for n in (1024, 4096)
+            for rung, impl, ms in ((None, "eager", rung1_x), (None, "torch.compile", 2.0),
+                                   (1, "plain, library erf", 1.0), (2, "cheaper exact GELU", 0.8))]
+    return files
 
 
-def test_fusion_verdict_needs_forward_and_backward():
-    assert judge("fusion-3-4x", _fused(3.5, 3.2)).verdict == CONFIRMED
-    assert judge("fusion-3-4x", _fused(3.5, 2.5)).verdict == PARTLY
-    assert judge("fusion-3-4x", _fused(2.0, 2.5)).verdict == REFUTED
+def test_fusion_verdict_in_three_parts():
+    assert judge("fusion-3-4x", _fused(3.5, 3.2, rung1_x=3.1)).verdict == CONFIRMED
+    assert judge("fusion-3-4x", _fused(3.5, 3.2)).verdict == UNDECIDED  # no ladder: the same FLOPs untested
+    assert judge("fusion-3-4x", _fused(3.5, 3.2, rung1_x=2.0)).verdict == PARTLY  # 3x only with another GELU
+    assert judge("fusion-3-4x", _fused(3.5, 2.5, rung1_x=3.1)).verdict == PARTLY  # training under 3x
+    assert judge("fusion-3-4x", _fused(3.5, 3.2, called_x=1.5, rung1_x=3.1)).verdict == PARTLY  # at Python's pace
+    assert judge("fusion-3-4x", _fused(2.0, 2.5, rung1_x=3.1)).verdict == REFUTED
+    assert judge("fusion-3-4x", _fused(3.5, 3.2, rung1_x=3.1, scale="smoke")).verdict == UNDECIDED
 
 
-def _attention(flash_bwd_ms, flash_peak_growth=2):
+def test_fusion_parts_each_follow_their_own_numbers():
+    def parts(*args, **kwargs):
+        files = _fused(*args, **kwargs)
+        ladder = files.get(("fused_ladder", "h200"))
+        return {k: v.verdict for k, v in claims.fusion_parts(files["fused_bias_gelu_layernorm", "h200"][1],
+                                                             ladder).items()}
+    assert parts(3.5, 3.2, rung1_x=3.1) == {"forward": CONFIRMED, "forward + backward": CONFIRMED,
+                                            "the same FLOPs": CONFIRMED}
+    assert parts(2.0, 2.5, called_x=3.5, rung1_x=1.5) == {"forward": REFUTED, "forward + backward": PARTLY,
+                                                          "the same FLOPs": REFUTED}
+    assert parts(3.5, 2.0, called_x=2.0)["forward + backward"] == REFUTED
+    assert parts(3.5, 3.2)["the same FLOPs"] == UNDECIDED
+    rule = claims.fusion_parts([], None)["the same FLOPs"].rule
+    assert "erf_exp2" in rule and "rung 1" in rule
+
+
+def _attention(flash_bwd_ms, flash_peak_growth=2, spread=0.0, b1_flash_bwd_ms=None):
+    """Race records (B = 16, 8) with standard attention's backward 3 ms and flash's ``flash_bwd_ms``, each timing
+    +-``spread`` ms at its 20th/80th percentiles; a memory sweep; with ``b1_flash_bwd_ms`` a B = 1 file too."""
+    def timed(impl, b, s, causal, bwd):
+        base = {"impl": impl, "B": b, "H": 32, "S": s, "D": 128, "causal": causal, "status": "ok",
+                "peak_mem_bytes": None}
+        return [{**base, "pass": p, "ms": ms, "ms_p20": ms - spread, "ms_p80": ms + spread}
+                for p, ms in (("fwd", 1.0), ("fwd+bwd", 1.0 + bwd))]
     recs = []
-    for s in (1024, 2048):
-        for impl, bwd in (("naive", 3.0), ("triton", flash_bwd_ms)):
-            base = {"impl": impl, "B": 1, "H": 32, "S": s, "D": 128, "causal": False, "status": "ok"}
-            recs += [{**base, "pass": "fwd", "ms": 1.0, "peak_mem_bytes": None},
-                     {**base, "pass": "fwd+bwd", "ms": 1.0 + bwd, "peak_mem_bytes": None}]
+    for s, b in ((1024, 16), (2048, 8)):
+        for causal in (False, True):
+            recs += timed("naive", b, s, causal, 3.0) + timed("triton", b, s, causal, flash_bwd_ms)
     for k, s in enumerate((1024, 2048, 4096)):
         for impl, peak in (("naive", 4.0 ** k * 1e9), ("triton", flash_peak_growth ** k * 1e7)):
             recs.append({"impl": impl, "pass": "fwd+bwd", "S": s, "B": 1, "H": 32, "D": 128, "causal": False,
                          "status": "ok", "ms": None, "peak_mem_bytes": peak})
-    return {("flash_attention", "h200"): recs}
+    files = {("flash_attention", "h200"): recs}
+    if b1_flash_bwd_ms is not None:
+        files["flash_backward", "h200"] = timed("naive", 1, 1024, False, 3.0) + timed("triton", 1, 1024, False,
+                                                                                      b1_flash_bwd_ms)
+    return files
 
 
 def test_flash_backward_verdict_follows_time_and_memory():
     assert judge("flash-backward", _attention(2.0)).verdict == CONFIRMED
     assert judge("flash-backward", _attention(4.0)).verdict == REFUTED  # slower everywhere
     assert judge("flash-backward", _attention(2.0, flash_peak_growth=4)).verdict == REFUTED  # an N x N footprint
+    assert judge("flash-backward", _attention(2.0, b1_flash_bwd_ms=4.0)).verdict == PARTLY  # slower at B = 1 only
+    assert judge("flash-backward", _attention(2.0, b1_flash_bwd_ms=2.0)).verdict == CONFIRMED
+    assert judge("flash-backward", _attention(2.9, spread=0.2)).verdict == UNDECIDED  # the bands overlap
     files = _attention(2.0)
     for r in files["flash_attention", "h200"]:
         if r["impl"] == "triton" and r["S"] == 2048 and r["pass"] == "fwd+bwd" and r["ms"] is not None:
-            r["ms"] = 1.0 + 4.0  # slower at one of the two shapes
-    assert judge("flash-backward", files).verdict == PARTLY
+            r.update(ms=5.0, ms_p20=5.0, ms_p80=5.0)  # slower at one of the two lengths
+    got = judge("flash-backward", files)
+    assert got.verdict == PARTLY and got.evidence["S = 2048"].startswith("faster 0, slower 1")
+    files = _attention(2.0)
+    for r in files["flash_attention", "h200"]:
+        if r["impl"] == "triton" and r["causal"] and r["pass"] == "fwd+bwd":
+            r.update(ms=9.0, ms_p20=9.0, ms_p80=9.0)  # causal shapes are not judged: fewer FLOPs there
+    assert judge("flash-backward", files).verdict == CONFIRMED
+
+
+def test_backward_outcomes_read_the_percentile_bands():
+    rows = claims.backward_outcomes(_attention(2.0, spread=0.1)["flash_attention", "h200"])
+    assert [r["S"] for r in rows] == [1024, 2048] and all(r["outcome"] == "faster" for r in rows)
+    assert rows[0]["standard / flash"] == pytest.approx(1.5)
+    assert {r["outcome"] for r in claims.backward_outcomes(_attention(2.9, spread=0.1)["flash_attention",
+                                                                                       "h200"])} == {UNDECIDED}
 
 
 def test_memory_wall_follows_the_datasheets(monkeypatch):
