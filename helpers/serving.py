@@ -56,7 +56,8 @@ def arithmetic_table(names: Iterable[str] = ("7b", "13b", "70b"), caps: Iterable
     rows = []
     for name, cap in itertools.product(names, caps):
         spec = MODELS[name]
-        rows.append({"model": name, "layers": spec.num_hidden_layers, "kv_heads": spec.num_key_value_heads,
+        rows.append({"model": name, "layers": spec.num_hidden_layers, "heads": spec.num_attention_heads,
+                     "kv_heads": spec.num_key_value_heads,
                      "head_dim": spec.hidden_size // spec.num_attention_heads,
                      "kv_bytes_per_token": spec.kv_bytes_per_token(), "weight_bytes": weight_bytes(spec),
                      "cap_gib": cap, "cache_bytes": cache_bytes_under_cap(spec, cap),
@@ -214,7 +215,7 @@ def capacity(spec: ModelSpec, cap_gib: float, context: int, page_tokens: int = P
 
 # --- the paged kernel timed ---------------------------------------------------------------------------
 
-def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int = 8) -> torch.Tensor:
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int = 8) -> torch.Tensor:
     """Softmax attention of q (B, H, 1, D) over k, v (B, H_kv, L, D) in float64, ``chunk`` requests at a time."""
     group = q.shape[1] // k.shape[1]
     out = []
@@ -225,11 +226,20 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int = 8
     return torch.cat(out)
 
 
-def random_block_table(batch: int, pages_per_request: int, generator: torch.Generator,
-                       device: torch.device | str = "cpu") -> torch.Tensor:
-    """(batch, pages_per_request) int32: the pages 0 ... batch x pages_per_request - 1 in a random order."""
-    order = torch.randperm(batch * pages_per_request, generator=generator)
-    return order.reshape(batch, pages_per_request).to(device, torch.int32)
+def paged_reference(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
+                    lengths: torch.Tensor) -> torch.Tensor:
+    """What ``paged_decode_attention`` computes, in float64: each request's pages gathered, then softmax
+    attention over its own length."""
+    return torch.cat([reference_attention(q[b:b + 1], gather_pages(k_pages, block_table[b], n)[None],
+                                          gather_pages(v_pages, block_table[b], n)[None])
+                      for b, n in enumerate(lengths.tolist())])
+
+
+def random_block_table(batch: int, pages_per_request: int, generator: torch.Generator) -> torch.Tensor:
+    """(batch, pages_per_request) int32 on the generator's device: the pages 0 ... batch x pages_per_request
+    - 1 in a random order."""
+    order = torch.randperm(batch * pages_per_request, generator=generator, device=generator.device)
+    return order.reshape(batch, pages_per_request).to(torch.int32)
 
 
 def to_pages(cache: torch.Tensor, block_table: torch.Tensor, page_tokens: int) -> torch.Tensor:
@@ -256,10 +266,11 @@ def time_kernels(batch: int, context: int, heads: int, kv_heads: int, head_dim: 
     Timed by ``bench.time_fn`` (device events, median); ``max_abs_error`` against float64. ``time_kw``
     goes to ``time_fn``."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    generator = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, heads, 1, head_dim, generator=generator).to(device, dtype)
-    k, v = (torch.randn(batch, kv_heads, context, head_dim, generator=generator).to(device, dtype) for _ in range(2))
-    table = random_block_table(batch, -(-context // page_tokens), generator, device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(batch, heads, 1, head_dim, generator=generator, device=device, dtype=dtype)
+    k, v = (torch.randn(batch, kv_heads, context, head_dim, generator=generator, device=device, dtype=dtype)
+            for _ in range(2))
+    table = random_block_table(batch, -(-context // page_tokens), generator)
     k_pages, v_pages = to_pages(k, table, page_tokens), to_pages(v, table, page_tokens)
     lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
     pos = torch.tensor([context - 1], device=device)
@@ -271,7 +282,7 @@ def time_kernels(batch: int, context: int, heads: int, kv_heads: int, head_dim: 
         "gather + sdpa": lambda: F.scaled_dot_product_attention(
             q, gather_pages(k_pages, table, context), gather_pages(v_pages, table, context), enable_gqa=gqa),
     }
-    reference = _reference(q, k, v)
+    reference = reference_attention(q, k, v)
     paged_decode_attention(q, k_pages, v_pages, table, lengths)  # once with the block table checked
     records = []
     for impl, fn in calls.items():

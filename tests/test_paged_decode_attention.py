@@ -7,7 +7,7 @@ import torch
 import helpers  # noqa: F401  (first: sets the Triton interpreter up on a machine without a GPU)
 from helpers.kernels.decode_attention import decode_attention
 from helpers.kernels.paged_decode_attention import check_block_table, gather_pages, paged_decode_attention
-from helpers.serving import PagePool, random_block_table, to_pages
+from helpers.serving import PagePool, paged_reference, random_block_table, to_pages
 from numerics import rel_err
 
 DEV = helpers.DEVICE
@@ -61,7 +61,9 @@ def test_ragged_batches_match_float64(lengths, page, h, hkv, d, splits, dtype, p
     q = torch.randn(len(lengths), h, 1, d).to(DEV, dtype)
     out = paged_decode_attention(q, k_pages, v_pages, table, lens, splits)
     assert out.shape == q.shape and out.dtype == dtype
-    assert rel_err(out, reference(q, k_pages, v_pages, table, lens)) < TOL[dtype]
+    ref = reference(q, k_pages, v_pages, table, lens)
+    assert rel_err(out, ref) < TOL[dtype]
+    assert rel_err(paged_reference(q, k_pages, v_pages, table, lens), ref) < 1e-12  # the notebook's reference too
 
 
 def test_equals_the_contiguous_kernel_at_equal_lengths():
@@ -69,7 +71,7 @@ def test_equals_the_contiguous_kernel_at_equal_lengths():
     b, hkv, length, d, page = 3, 2, 45, 32, 8
     k, v = (torch.randn(b, hkv, length, d).to(DEV) for _ in range(2))
     q = torch.randn(b, 4, 1, d).to(DEV)
-    table = random_block_table(b, -(-length // page), torch.Generator().manual_seed(0), DEV)
+    table = random_block_table(b, -(-length // page), torch.Generator(DEV).manual_seed(0))
     k_pages, v_pages = to_pages(k, table, page), to_pages(v, table, page)
     assert torch.equal(gather_pages(k_pages, table, length), k)
     paged = paged_decode_attention(q, k_pages, v_pages, table, torch.full((b,), length, device=DEV))
