@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from . import bench
+from .device import DEVICE
 from .finetune.memory_caps import GiB
 from .finetune.models import MODELS, ModelSpec, nf4_bytes
 from .finetune.sweep import CAPS
@@ -265,7 +266,7 @@ def time_kernels(batch: int, context: int, heads: int, kv_heads: int, head_dim: 
     cache, and SDPA after gathering the pages into one (what a server without a paged kernel does).
     Timed by ``bench.time_fn`` (device events, median); ``max_abs_error`` against float64. ``time_kw``
     goes to ``time_fn``."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = DEVICE
     generator = torch.Generator(device=device).manual_seed(seed)
     q = torch.randn(batch, heads, 1, head_dim, generator=generator, device=device, dtype=dtype)
     k, v = (torch.randn(batch, kv_heads, context, head_dim, generator=generator, device=device, dtype=dtype)
