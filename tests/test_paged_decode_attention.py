@@ -157,3 +157,24 @@ def test_the_last_slice_to_finish_merges_whatever_the_order(program_order, poiso
         out = paged_decode_attention(q, k_pages, v_pages, table, lens, splits=4)
         assert torch.equal(out, in_order), order
     assert rel_err(in_order, reference(q, k_pages, v_pages, table, lens)) < TOL[torch.float32]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_at_llama_shapes_and_replayed_in_a_cuda_graph():
+    """Llama-2 7B's heads in bf16, a ragged batch up to the whole context (16 slices a head), the kernel
+    captured once in a CUDA graph and replayed after the lengths change in place: it reads them from the
+    device, as a graphed decoder needs."""
+    page, hkv, d, width = 16, 32, 128, 4096 // 16
+    table = torch.randperm(4 * width, device=DEV).reshape(4, width).to(torch.int32)  # pages out of order
+    k_pages, v_pages = (torch.randn(4 * width, hkv, page, d, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(4, 32, 1, d, device=DEV, dtype=torch.bfloat16)
+    lens = torch.tensor([1, 300, 4096, 1000], dtype=torch.int32, device=DEV)
+    out = paged_decode_attention(q, k_pages, v_pages, table, lens)
+    assert rel_err(out, paged_reference(q, k_pages, v_pages, table, lens)) < TOL[torch.bfloat16]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graphed = paged_decode_attention(q, k_pages, v_pages, table, lens, check=False)
+    for new in ([17, 4095, 2, 640], [4096, 1, 33, 1000]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32, device=DEV))
+        graph.replay()
+        assert rel_err(graphed, paged_reference(q, k_pages, v_pages, table, lens)) < TOL[torch.bfloat16], new
