@@ -1,5 +1,5 @@
 """The exercises' checks: every solution passes, planted wrong answers fail, skeletons are "not attempted",
-every notebook 01-08 carries at least two of them, and 00 those it has."""
+every notebook 01-09 carries at least two of them, and 00 those it has."""
 import json
 import re
 from pathlib import Path
@@ -10,7 +10,7 @@ import torch
 import helpers  # noqa: F401  (before triton: switches it to the interpreter without a GPU)
 import triton
 import triton.language as tl
-from helpers.exercises import CHECKS, CodeCheck, NumberCheck, ex01, ex02, ex04, ex05, ex07
+from helpers.exercises import CHECKS, CodeCheck, NumberCheck, ex01, ex02, ex04, ex05, ex07, ex09
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE_IDS = sorted(i for i, c in CHECKS.items() if isinstance(c, CodeCheck))
@@ -125,6 +125,17 @@ def write_kv_new_tensors(k_cache, v_cache, k, v, pos):
     return ex07.write_kv(k_cache.clone(), v_cache.clone(), k, v, pos)
 
 
+def gather_pages_in_pool_order(pages, table_row, length):
+    """Pages 0, 1, ... as if the table were the identity: right only when pages are handed out in order."""
+    return ex09.gather_request(pages, torch.arange(table_row.numel(), device=table_row.device), length)
+
+
+def gather_heads_not_moved(pages, table_row, length):
+    """The pages joined without putting the heads first: heads and positions mixed up."""
+    used = pages[table_row[:-(-length // pages.shape[2])].long()]
+    return used.reshape(pages.shape[1], -1, pages.shape[3])[:, :length]
+
+
 PLANTED = {
     "01.1": [row_sum_off_by_one, lambda x: x.float()[:, :-1].sum(dim=1), lambda x: x.float().sum(dim=1) / x.shape[1]],
     "02.1": [softmax_store_off_by_one, softmax_pads_with_zero, softmax_without_max],
@@ -134,6 +145,7 @@ PLANTED = {
     "05.2": [tiles_by_index, tiles_ignore_sequence_end],
     "07.1": [nf4_low_nibble_first, nf4_block_of_byte],
     "07.2": [write_kv_next_position, write_kv_swapped, write_kv_new_tensors],
+    "09.2": [gather_pages_in_pool_order, gather_heads_not_moved],
 }
 
 
@@ -251,7 +263,7 @@ def ids_in_notebook(number: str) -> set[str]:
     return set(ID_PATTERN.findall(cell_sources(json.loads(notebook.read_text())["cells"])))
 
 
-@pytest.mark.parametrize("number", [f"{n:02d}" for n in range(1, 9)])
+@pytest.mark.parametrize("number", [f"{n:02d}" for n in range(1, 10)])
 def test_notebook_has_exercises(number):
     ids = {i for i in ids_in_notebook(number) if i in CHECKS}
     assert len(ids) >= 2, f"notebook {number} names {sorted(ids)} of CHECKS"
@@ -264,5 +276,5 @@ def test_notebook_00_carries_its_exercises():
 
 
 def test_every_check_is_in_a_notebook():
-    named = set().union(*(ids_in_notebook(f"{n:02d}") for n in range(0, 9)))
+    named = set().union(*(ids_in_notebook(f"{n:02d}") for n in range(0, 10)))
     assert set(CHECKS) <= named, f"not in any notebook: {sorted(set(CHECKS) - named)}"

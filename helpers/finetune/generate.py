@@ -65,8 +65,7 @@ def _generate(model, prompt: torch.Tensor, n: int) -> torch.Tensor:
 def decode_bytes_per_token(spec: ModelSpec, context_tokens: int, lm_head_bytes: int = 4) -> int:
     """Bytes one decode step must read at batch 1: nf4 linears, the lm_head (fp32 after peft's
     preparation, ``lm_head_bytes`` a weight), one embedding row, and the KV cache so far (bf16)."""
-    kv = 2 * spec.num_hidden_layers * context_tokens * spec.hidden_size * spec.num_key_value_heads \
-        // spec.num_attention_heads * 2
+    kv = context_tokens * spec.kv_bytes_per_token()
     return nf4_bytes(spec) + spec.vocab_size * spec.hidden_size * lm_head_bytes + spec.hidden_size * 4 + kv
 
 

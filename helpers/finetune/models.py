@@ -44,6 +44,12 @@ class ModelSpec:
         per_layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
         return self.num_hidden_layers * per_layer + 2 * v * h + h
 
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """Bytes of KV cache one token takes: a key and a value of ``head_dim`` in every key/value head of
+        every layer, ``dtype_bytes`` an element (2: bf16). Grouped-query attention (70B) has fewer KV heads."""
+        head_dim = self.hidden_size // self.num_attention_heads
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * head_dim * dtype_bytes
+
     def linear_params(self) -> int:
         """Parameters in the decoder layers' linear projections: the ones stored in nf4."""
         h, i = self.hidden_size, self.intermediate_size

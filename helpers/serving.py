@@ -1,0 +1,296 @@
+"""Serving many requests: the KV cache's bytes, the pages that hold it, and the paged kernel's timing.
+
+* Arithmetic: bytes of cache a token takes for each Llama-2 size (``ModelSpec.kv_bytes_per_token``), and
+  how many tokens fit beside the nf4 weights under a memory cap.
+* ``PagePool``: the allocator of a paged cache. It hands out fixed-size pages by id (the tensors that
+  hold them are the kernel's business), keeps each request's block-table row, and takes pages back when
+  a request finishes. A request it cannot hold now is refused with ``OutOfPages``; one it could never
+  hold with ``ValueError``; either way nothing it holds changes.
+* Fragmentation: the requests of a length distribution admitted in order until the pool refuses one,
+  with each request's cache contiguous at its maximum length (one page of ``max_len`` tokens) or in
+  small pages.
+* ``time_kernels``: the paged decode-attention kernel against the contiguous one and SDPA, at equal
+  lengths, as ``kernel`` records.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Hashable, Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from . import bench
+from .device import DEVICE
+from .finetune.memory_caps import GiB
+from .finetune.models import MODELS, ModelSpec, nf4_bytes
+from .finetune.sweep import CAPS
+from .kernels.decode_attention import decode_attention
+from .kernels.paged_decode_attention import gather_pages, paged_decode_attention
+
+CAPS_GIB: tuple[float, ...] = tuple(c for c in CAPS if c is not None)  # the two cards notebook 06 emulates
+PAGE_TOKENS = 16  # tokens a page holds (vLLM's default block size)
+
+
+# --- arithmetic ---------------------------------------------------------------------------------------
+
+def weight_bytes(spec: ModelSpec) -> int:
+    """Bytes the model's weights hold when serving: the nf4 linears and, in bf16, the rest (embeddings,
+    lm_head, norms)."""
+    return nf4_bytes(spec) + 2 * (spec.params() - spec.linear_params())
+
+
+def cache_bytes_under_cap(spec: ModelSpec, cap_gib: float, reserve_bytes: int = 0) -> int:
+    """Bytes left for the KV cache under a cap of ``cap_gib`` GiB once the weights and ``reserve_bytes``
+    (CUDA context, activations) are in; 0 if none is."""
+    return max(0, int(cap_gib * GiB) - weight_bytes(spec) - reserve_bytes)
+
+
+def cache_tokens_under_cap(spec: ModelSpec, cap_gib: float, reserve_bytes: int = 0) -> int:
+    """Tokens of bf16 KV cache (all requests together) that fit beside the weights under the cap."""
+    return cache_bytes_under_cap(spec, cap_gib, reserve_bytes) // spec.kv_bytes_per_token()
+
+
+def arithmetic_table(names: Iterable[str] = ("7b", "13b", "70b"), caps: Iterable[float] = CAPS_GIB) -> list[dict]:
+    """Per model and cap: KV bytes a token, weight bytes, cache bytes and tokens that fit beside them."""
+    rows = []
+    for name, cap in itertools.product(names, caps):
+        spec = MODELS[name]
+        rows.append({"model": name, "layers": spec.num_hidden_layers, "heads": spec.num_attention_heads,
+                     "kv_heads": spec.num_key_value_heads,
+                     "head_dim": spec.hidden_size // spec.num_attention_heads,
+                     "kv_bytes_per_token": spec.kv_bytes_per_token(), "weight_bytes": weight_bytes(spec),
+                     "cap_gib": cap, "cache_bytes": cache_bytes_under_cap(spec, cap),
+                     "cache_tokens": cache_tokens_under_cap(spec, cap)})
+    return rows
+
+
+# --- the allocator ------------------------------------------------------------------------------------
+
+class OutOfPages(RuntimeError):
+    """The pool has too few free pages for a request now (it may fit once others finish)."""
+
+
+class PagePool:
+    """``num_pages`` pages of ``page_tokens`` tokens each, handed out to requests by id.
+
+    A request holds ``pages_for(length)`` pages, listed in order in its block-table row (at most
+    ``max_pages_per_request``, the table's width). Freed pages go back on a stack and are handed out
+    again first, so a new request reuses a finished one's pages."""
+
+    def __init__(self, num_pages: int, page_tokens: int = PAGE_TOKENS, max_pages_per_request: int | None = None):
+        if num_pages < 1 or page_tokens < 1:
+            raise ValueError(f"need num_pages >= 1 and page_tokens >= 1, got {num_pages}, {page_tokens}")
+        self.num_pages, self.page_tokens = num_pages, page_tokens
+        self.max_pages_per_request = min(num_pages, max_pages_per_request or num_pages)
+        self._free = list(range(num_pages - 1, -1, -1))  # a stack: page 0 is handed out first
+        self._pages: dict[Hashable, list[int]] = {}
+        self._lengths: dict[Hashable, int] = {}
+
+    def pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.page_tokens)
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_pages(self) -> int:
+        return self.num_pages - len(self._free)
+
+    @property
+    def requests(self) -> list[Hashable]:
+        return list(self._pages)
+
+    def length(self, request: Hashable) -> int:
+        return self._lengths[request]
+
+    def pages(self, request: Hashable) -> list[int]:
+        """The request's pages, in the order of its positions."""
+        return list(self._pages[request])
+
+    def _take(self, request: Hashable, tokens: int, held: int) -> list[int]:
+        """New pages for ``request`` to hold ``tokens`` (it holds ``held`` pages now); checks first, so a
+        refusal changes nothing."""
+        need = self.pages_for(tokens)
+        if need > self.max_pages_per_request:
+            raise ValueError(f"request {request!r}: {tokens} tokens need {need} pages of {self.page_tokens}; a "
+                             f"request can never hold more than {self.max_pages_per_request}")
+        extra = need - held
+        if extra > len(self._free):
+            raise OutOfPages(f"request {request!r}: {tokens} tokens need {need} pages; it holds {held} and "
+                             f"{len(self._free)} of the pool's {self.num_pages} are free")
+        return [self._free.pop() for _ in range(extra)]
+
+    def allocate(self, request: Hashable, tokens: int) -> list[int]:
+        """Give a new request pages for ``tokens`` tokens; returns them."""
+        if request in self._pages:
+            raise ValueError(f"request {request!r} already holds pages")
+        if tokens < 1:
+            raise ValueError(f"request {request!r}: tokens must be >= 1, got {tokens}")
+        self._pages[request] = self._take(request, tokens, 0)
+        self._lengths[request] = tokens
+        return self.pages(request)
+
+    def extend(self, request: Hashable, tokens: int) -> list[int]:
+        """Grow a request to ``tokens`` tokens (a decode step adds one), taking pages as it needs; returns
+        the pages it took."""
+        if tokens < self._lengths[request]:
+            raise ValueError(f"request {request!r} holds {self._lengths[request]} tokens; it cannot shrink to {tokens}")
+        taken = self._take(request, tokens, len(self._pages[request]))
+        self._pages[request] += taken
+        self._lengths[request] = tokens
+        return taken
+
+    def free(self, request: Hashable) -> list[int]:
+        """A finished request's pages back to the pool; returns them."""
+        pages = self._pages.pop(request)
+        del self._lengths[request]
+        self._free.extend(reversed(pages))
+        return pages
+
+    def block_table(self, requests: Sequence[Hashable], width: int | None = None,
+                    device: torch.device | str = "cpu") -> torch.Tensor:
+        """(len(requests), width) int32: each request's pages in order, padded with page 0 (never read:
+        the padding lies past the request's length). ``width``: by default the longest row."""
+        rows = [self._pages[r] for r in requests]
+        width = max((len(p) for p in rows), default=0) if width is None else width
+        if any(len(p) > width for p in rows):
+            raise ValueError(f"a request holds more than width = {width} pages")
+        return torch.tensor([p + [0] * (width - len(p)) for p in rows], dtype=torch.int32, device=device
+                            ).reshape(len(rows), width)
+
+    def lengths(self, requests: Sequence[Hashable], device: torch.device | str = "cpu") -> torch.Tensor:
+        """(len(requests),) int32: each request's length in tokens."""
+        return torch.tensor([self._lengths[r] for r in requests], dtype=torch.int32, device=device)
+
+
+# --- fragmentation ------------------------------------------------------------------------------------
+
+def admit(pool: PagePool, lengths: Sequence[int]) -> list[int]:
+    """Admit requests of ``lengths`` (cycled through, in order) into ``pool`` until it refuses one;
+    returns the lengths admitted. A length the pool could never hold raises ValueError."""
+    if not lengths:
+        raise ValueError("no lengths to admit")
+    admitted: list[int] = []
+    for i, n in enumerate(itertools.cycle(lengths)):
+        try:
+            pool.allocate(i, n)
+        except OutOfPages:
+            return admitted
+        admitted.append(n)
+    raise AssertionError("unreachable: itertools.cycle never ends")
+
+
+def fragmentation(spec: ModelSpec, lengths: Sequence[int], cap_gib: float, page_tokens: int,
+                  max_len: int | None = None, reserve_bytes: int = 0) -> dict:
+    """The requests of ``lengths`` that fit at once under the cap, each holding its whole length (prompt
+    plus answer) in pages of ``page_tokens`` tokens; ``page_tokens == max_len`` is the contiguous scheme
+    (every request one slab of ``max_len``, the model's context by default). Lengths are cut at ``max_len``
+    (a request cannot outgrow the context). ``bytes_used``: the pages the admitted requests hold;
+    ``bytes_needed``: their tokens."""
+    max_len = max_len or spec.max_position_embeddings
+    if not 1 <= page_tokens <= max_len:
+        raise ValueError(f"page_tokens must be in 1 ... max_len = {max_len}, got {page_tokens}")
+    per_token = spec.kv_bytes_per_token()
+    pages = cache_bytes_under_cap(spec, cap_gib, reserve_bytes) // (page_tokens * per_token)
+    base = {"what": "fragmentation", "model": spec.name, "scheme": "contiguous" if page_tokens == max_len else "paged",
+            "page_tokens": page_tokens, "max_len": max_len, "cap_gib": cap_gib}
+    if pages == 0:
+        return {**base, "requests": 0, "bytes_used": 0, "bytes_needed": 0}
+    pool = PagePool(pages, page_tokens, max_pages_per_request=-(-max_len // page_tokens))
+    admitted = admit(pool, [min(n, max_len) for n in lengths])
+    return {**base, "requests": len(admitted), "bytes_used": pool.used_pages * page_tokens * per_token,
+            "bytes_needed": sum(admitted) * per_token}
+
+
+def capacity(spec: ModelSpec, cap_gib: float, context: int, page_tokens: int = PAGE_TOKENS,
+             reserve_bytes: int = 0) -> dict:
+    """Requests of ``context`` tokens each that a paged cache holds at once under the cap: arithmetic
+    (``measured`` False), an upper bound until a decoder runs under the cap."""
+    pages = cache_bytes_under_cap(spec, cap_gib, reserve_bytes) // (page_tokens * spec.kv_bytes_per_token())
+    return {"what": "capacity", "model": spec.name, "cap_gib": cap_gib, "context": context, "page_tokens": page_tokens,
+            "requests": pages // -(-context // page_tokens), "measured": False}
+
+
+# --- the paged kernel timed ---------------------------------------------------------------------------
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int = 8) -> torch.Tensor:
+    """Softmax attention of q (B, H, 1, D) over k, v (B, H_kv, L, D) in float64, ``chunk`` requests at a time."""
+    group = q.shape[1] // k.shape[1]
+    out = []
+    for i in range(0, q.shape[0], chunk):
+        qc, kc, vc = (t[i:i + chunk].double() for t in (q, k, v))
+        kc, vc = kc.repeat_interleave(group, 1), vc.repeat_interleave(group, 1)
+        out.append(torch.softmax(qc @ kc.transpose(-1, -2) / math.sqrt(q.shape[-1]), -1) @ vc)
+    return torch.cat(out)
+
+
+def paged_reference(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
+                    lengths: torch.Tensor) -> torch.Tensor:
+    """What ``paged_decode_attention`` computes, in float64: each request's pages gathered, then softmax
+    attention over its own length."""
+    return torch.cat([reference_attention(q[b:b + 1], gather_pages(k_pages, block_table[b], n)[None],
+                                          gather_pages(v_pages, block_table[b], n)[None])
+                      for b, n in enumerate(lengths.tolist())])
+
+
+def random_block_table(batch: int, pages_per_request: int, generator: torch.Generator) -> torch.Tensor:
+    """(batch, pages_per_request) int32 on the generator's device: the pages 0 ... batch x pages_per_request
+    - 1 in a random order."""
+    order = torch.randperm(batch * pages_per_request, generator=generator, device=generator.device)
+    return order.reshape(batch, pages_per_request).to(torch.int32)
+
+
+def to_pages(cache: torch.Tensor, block_table: torch.Tensor, page_tokens: int) -> torch.Tensor:
+    """Contiguous caches (B, H_kv, L, D) copied into the pages (B x W, H_kv, page_tokens, D) that
+    ``block_table`` (B, W) names, W = ceil(L / page_tokens); the last page's tail is zeros."""
+    b, hkv, length, d = cache.shape
+    n = block_table.shape[1]
+    if n != -(-length // page_tokens):
+        raise ValueError(f"{length} positions fill {-(-length // page_tokens)} pages of {page_tokens}, not {n}")
+    padded = F.pad(cache, (0, 0, 0, n * page_tokens - length))
+    pages = torch.empty(b * n, hkv, page_tokens, d, dtype=cache.dtype, device=cache.device)
+    pages[block_table.flatten().long()] = padded.reshape(b, hkv, n, page_tokens, d).transpose(1, 2).flatten(0, 1)
+    return pages
+
+
+IMPLS = ("paged", "contiguous", "sdpa", "gather + sdpa")
+
+
+def time_kernels(batch: int, context: int, heads: int, kv_heads: int, head_dim: int, page_tokens: int = PAGE_TOKENS,
+                 dtype: torch.dtype = torch.bfloat16, seed: int = 0, **time_kw) -> list[dict]:
+    """One decode step's attention for ``batch`` requests of ``context`` tokens each, four ways: the paged
+    kernel (pages in random order), the contiguous kernel (``decode_attention``), SDPA over a contiguous
+    cache, and SDPA after gathering the pages into one (what a server without a paged kernel does).
+    Timed by ``bench.time_fn`` (device events, median); ``max_abs_error`` against float64. ``time_kw``
+    goes to ``time_fn``."""
+    device = DEVICE
+    generator = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(batch, heads, 1, head_dim, generator=generator, device=device, dtype=dtype)
+    k, v = (torch.randn(batch, kv_heads, context, head_dim, generator=generator, device=device, dtype=dtype)
+            for _ in range(2))
+    table = random_block_table(batch, -(-context // page_tokens), generator)
+    k_pages, v_pages = to_pages(k, table, page_tokens), to_pages(v, table, page_tokens)
+    lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
+    pos = torch.tensor([context - 1], device=device)
+    gqa = kv_heads != heads
+    calls = {
+        "paged": lambda: paged_decode_attention(q, k_pages, v_pages, table, lengths, check=False),
+        "contiguous": lambda: decode_attention(q, k, v, pos),
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa),
+        "gather + sdpa": lambda: F.scaled_dot_product_attention(
+            q, gather_pages(k_pages, table, context), gather_pages(v_pages, table, context), enable_gqa=gqa),
+    }
+    reference = reference_attention(q, k, v)
+    paged_decode_attention(q, k_pages, v_pages, table, lengths)  # once with the block table checked
+    records = []
+    for impl, fn in calls.items():
+        error = (fn().double() - reference).abs().max().item()
+        timing = bench.time_fn(fn, **time_kw)
+        records.append({"what": "kernel", "impl": impl, "batch": batch, "context": context, "heads": heads,
+                        "kv_heads": kv_heads, "head_dim": head_dim, "page_tokens": page_tokens,
+                        "dtype": str(dtype).removeprefix("torch."), "ms": timing.ms, "ms_p20": timing.ms_p20,
+                        "ms_p80": timing.ms_p80, "timer": timing.timer, "max_abs_error": error})
+    return records
