@@ -235,8 +235,9 @@ def gemv_bandwidth(shapes: dict[str, tuple[int, int]], rows: int = 1, seed: int 
 
 
 def round_seconds(record: dict) -> list[float]:
-    """A ladder record's time in each round, in order."""
-    rounds = sorted(int(key.split()[1]) for key in record if key.startswith("round ") and key.endswith(" seconds"))
+    """A ladder record's time in each round, in order (``record``: a dict or a row of a DataFrame of them)."""
+    rounds = sorted(int(key.split()[1]) for key in record.keys()
+                    if key.startswith("round ") and key.endswith(" seconds"))
     return [record[f"round {r} seconds"] for r in rounds]
 
 

@@ -1,5 +1,6 @@
 import helpers  # noqa: F401  (first: sets the Triton interpreter up on a machine without a GPU)
 
+import pandas as pd
 import pytest
 import torch
 
@@ -178,6 +179,7 @@ def test_speedup_per_round_pairs_the_rounds():
     slow = {"new_tokens": 2, "round 1 seconds": 2.0, "round 0 seconds": 1.0}
     fast = {"new_tokens": 8, "round 0 seconds": 0.5, "round 1 seconds": 0.5}
     assert decode_bench.round_seconds(slow) == [1.0, 2.0]
+    assert decode_bench.speedup_per_round(pd.Series(fast), pd.Series(slow)) == [8.0, 16.0]  # DataFrame rows too
     assert decode_bench.speedup_per_round(fast, slow) == [8.0, 16.0]
     with pytest.raises(ValueError, match="rounds"):
         decode_bench.speedup_per_round(fast, {"new_tokens": 2, "round 0 seconds": 1.0})
