@@ -6,6 +6,7 @@ same token sequence one token at a time, against the model's own forward over th
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from typing import Callable
@@ -19,7 +20,7 @@ VARIANTS = ("stock generate", "static cache", "static cache + CUDA graph", "+ fu
             "+ fused rotary & KV write", "+ fused SwiGLU & residual add", "+ attention over the live cache")
 
 
-PROMPT_LEN, NEW_TOKENS = 16, 256  # the ladder's prompt and new tokens at full scale (notebook 07's settings)
+PROMPT_LEN, NEW_TOKENS = 16, 128  # the ladder's prompt and new tokens at full scale (notebook 07's settings)
 
 
 def _kernels(variant: str) -> dict[str, Callable]:
@@ -52,15 +53,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@torch.no_grad()
-def time_variant(model: nn.Module, variant: str, prompt: torch.Tensor, new_tokens: int, repeats: int = 3) -> float:
-    """Median seconds to produce ``new_tokens`` after ``prompt`` (B, T), after one untimed warm-up run.
+def runner(model: nn.Module, variant: str, prompt: torch.Tensor, new_tokens: int) -> Callable[[], float]:
+    """A function that decodes ``new_tokens`` after ``prompt`` (B, T) once and returns the seconds it took.
 
     The stock variant is ``model.generate`` (it also encodes the prompt: one forward, a negligible
-    share at 64+ new tokens); the others time ``Decoder.generate`` after their prefill.
+    share at 64+ new tokens); the others time ``Decoder.generate`` after their prefill (the decoder built
+    once, here).
     """
     device = prompt.device
     if variant == VARIANTS[0]:
+        @torch.no_grad()
         def run() -> float:
             _sync(device)
             start = time.perf_counter()
@@ -71,6 +73,7 @@ def time_variant(model: nn.Module, variant: str, prompt: torch.Tensor, new_token
     else:
         dec = decoder(model, variant, prompt.shape[1] + new_tokens, prompt.shape[0])
 
+        @torch.no_grad()
         def run() -> float:
             dec.prefill(prompt)
             _sync(device)
@@ -78,8 +81,7 @@ def time_variant(model: nn.Module, variant: str, prompt: torch.Tensor, new_token
             dec.generate(new_tokens)
             _sync(device)
             return time.perf_counter() - start
-    run()
-    return statistics.median(run() for _ in range(repeats))
+    return run
 
 
 def _relative_error(logits: torch.Tensor, reference: torch.Tensor) -> float:
@@ -128,6 +130,10 @@ def ladder(model: nn.Module, model_name: str, bytes_per_step: float, bandwidth_g
     least; ``bandwidth_gbps``: the measured copy bandwidth. The roofline is B x bandwidth / bytes per
     step: the tokens/s if every step only moved its bytes.
     The rungs without a CUDA graph, one or two orders of magnitude slower, are timed on ``eager_new_tokens``.
+    Timing: each variant runs once untimed, then ``repeats`` rounds take the variants in turn, one timed
+    run each (a drift of the host's speed touches every rung alike); ``seconds`` is the median,
+    ``"round {r} seconds"`` each round's time (round r of every variant taken in the same pass; see
+    :func:`round_seconds`).
     """
     from tqdm.auto import tqdm
 
@@ -143,12 +149,24 @@ def ladder(model: nn.Module, model_name: str, bytes_per_step: float, bandwidth_g
     with torch.no_grad():
         reference = model(check).logits.float()
     floor = cached_decode_error(model, check, reference)
+    if repeats < 1:
+        raise ValueError(f"repeats (rounds) must be >= 1, got {repeats}")
+    tokens = {v: eager_new_tokens if v in VARIANTS[:2] else new_tokens for v in variants}
+    runs = {}
+    for variant in tqdm(variants, desc=f"{model_name} decoding ladder: warm-up", disable=not progress):
+        runs[variant] = runner(model, variant, prompt, tokens[variant])
+        runs[variant]()
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in tqdm(range(repeats), desc=f"{model_name} decoding ladder: rounds", disable=not progress):
+        for variant, run in runs.items():
+            times[variant].append(run())
+    del runs
     records = []
-    for variant in tqdm(variants, desc=f"{model_name} decoding ladder", disable=not progress):
-        n = eager_new_tokens if variant in VARIANTS[:2] else new_tokens
-        seconds = time_variant(model, variant, prompt, n, repeats)
+    for variant in variants:
+        n, seconds = tokens[variant], statistics.median(times[variant])
         records.append({"model": model_name, "variant": variant, "batch_size": batch_size, "new_tokens": n,
                         "prompt_tokens": prompt_len, "seconds": seconds, "tokens_per_s": batch_size * n / seconds,
+                        **{f"round {i} seconds": t for i, t in enumerate(times[variant])},
                         "roofline_tokens_per_s": roofline,
                         "logits_max_rel_error": None if variant == VARIANTS[0]
                         else logits_error(model, variant, check, reference),
@@ -214,3 +232,78 @@ def gemv_bandwidth(shapes: dict[str, tuple[int, int]], rows: int = 1, seed: int 
                             "gbps": moved / (timing.ms * 1e-3) / 1e9, "copies": len(weights)})
         del weights, ops
     return records
+
+
+def round_seconds(record: dict) -> list[float]:
+    """A ladder record's time in each round, in order (``record``: a dict or a row of a DataFrame of them)."""
+    rounds = sorted(int(key.split()[1]) for key in record.keys()
+                    if key.startswith("round ") and key.endswith(" seconds"))
+    return [record[f"round {r} seconds"] for r in rounds]
+
+
+def speedup_per_round(fast: dict, slow: dict) -> list[float]:
+    """Tokens/s of ladder record ``fast`` over ``slow``'s, round by round (rounds taken in the same pass)."""
+    f, s = round_seconds(fast), round_seconds(slow)
+    if len(f) != len(s) or not f:
+        raise ValueError(f"the two records must hold the same rounds, got {len(f)} and {len(s)}")
+    return [(fast["new_tokens"] / a) / (slow["new_tokens"] / b) for a, b in zip(f, s)]
+
+
+def _nf4_rungs(x: torch.Tensor, ops, scales: torch.Tensor) -> dict[str, tuple[str, list[Callable]]]:
+    """Notebook 07's nf4 ladder for one row of ``x``: rung name -> (launch, the calls on each weight)."""
+    from .kernels.nf4_gemv import Config, config_for, nf4_matmul
+    from .kernels.nf4_gemv_simple import BLOCK_K, BLOCK_N, nf4_matvec
+
+    narrow = Config(BLOCK_N, BLOCK_K, 4)  # rung 1's tile, kept until rung 5 widens it
+    tuned = config_for(1, ops[0].n, ops[0].k, ops[0].blocksize, x.dtype)
+    wide = dataclasses.replace(tuned, prefetch=False)
+    tile = f"{BLOCK_N} x {BLOCK_K}"
+    wide_tile = f"{tuned.block_n} x {tuned.block_k}" + (f", K in {tuned.split_k} slices" if tuned.split_k > 1 else "")
+    return {"1 plain kernel": (f"{tile}, fp32 scales",
+                               [lambda o=o, s=s: nf4_matvec(x, o, s) for o, s in zip(ops, scales)]),
+            "2 1-byte scale codes": (f"{tile}, scales decoded in the kernel",
+                                     [lambda o=o: nf4_matvec(x, o, nested_scales=True) for o in ops]),
+            "3 32-bit words": (f"{tile}, a block's sum scaled once, table in memory",
+                               [lambda o=o: nf4_matmul(x, o, config=narrow, asm=False) for o in ops]),
+            "4 PTX lookup": (f"{tile}, table in registers", [lambda o=o: nf4_matmul(x, o, config=narrow) for o in ops]),
+            "5 wider tile": (f"{wide_tile}, table in registers",
+                             [lambda o=o: nf4_matmul(x, o, config=wide) for o in ops]),
+            "6 next chunk ahead": (f"{wide_tile}, prefetch: the tuned kernel",
+                                   [lambda o=o: nf4_matmul(x, o) for o in ops])}
+
+
+def nf4_ladder(shapes: dict[str, tuple[int, int]], bandwidth_gbps: float, seed: int = 0, reps: int = 10) -> list[dict]:
+    """Notebook 07's nf4 matrix-vector ladder for one bf16 row of x, each rung one change to the one before
+    (rung 6: the tuned kernel as the decoder runs it), with bitsandbytes' ``matmul_4bit`` as the
+    reference (rung None). Each rung is checked on the first weight against float64 (``rel_err``: largest
+    error over the largest |y|) and timed as :func:`gemv_bandwidth` times (``bench.time_in_graph``, ``reps``
+    replays); ``pct_of_copy`` counts the bytes the tuned kernel must move against ``bandwidth_gbps``."""
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as bnbf
+
+    from .bench import time_in_graph
+    from .kernels.nf4_gemv import nf4_operands
+    from .kernels.nf4_gemv_simple import block_scales
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=device).manual_seed(seed)
+    records = []
+    for label, (n, k) in shapes.items():
+        weights = nf4_weights(n, k, seed=seed)
+        ops = [nf4_operands(w) for w in weights]
+        x = torch.randn(1, k, device=device, dtype=torch.bfloat16, generator=gen)
+        reference = x.double() @ bnbf.dequantize_4bit(*weights[0]).double().T
+        moved = nf4_gemv_bytes(n, k)
+        bnb_calls = [lambda w=w: bnb.matmul_4bit(x, w[0].t(), quant_state=w[1]) for w in weights]
+        rungs = {"bitsandbytes": ("matmul_4bit (its fused 4-bit kernel)", bnb_calls),
+                 **_nf4_rungs(x, ops, [block_scales(o) for o in ops])}
+        for name, (launch, calls) in rungs.items():
+            error = float((calls[0]().double() - reference).abs().max() / reference.abs().max())
+            ms = time_in_graph(calls, reps=reps).ms
+            records.append({"shape": label, "N": n, "K": k, "rung": None if name == "bitsandbytes" else int(name[0]),
+                            "impl": name, "launch": launch, "ms": ms, "gbps": moved / (ms * 1e-3) / 1e9,
+                            "pct_of_copy": 100 * moved / (ms * 1e-3) / 1e9 / bandwidth_gbps,
+                            "copy_gbps": bandwidth_gbps, "rel_err": error, "copies": len(weights)})
+        del weights, ops
+    return records
+

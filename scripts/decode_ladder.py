@@ -18,7 +18,7 @@ from helpers.finetune.models import build_model, spec_for  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["7b"])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds, the rungs taken in turn in each")
     args = parser.parse_args()
     require_cuda("the decoding measurements")
     copy = bench.copy_bandwidth()["gbps"]

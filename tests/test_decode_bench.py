@@ -1,5 +1,6 @@
 import helpers  # noqa: F401  (first: sets the Triton interpreter up on a machine without a GPU)
 
+import pandas as pd
 import pytest
 import torch
 
@@ -21,13 +22,15 @@ def test_the_ladder_times_and_checks_its_rungs(model):
     """The first and the last rung (notebook 07 runs every rung, in CI too)."""
     rungs = (decode_bench.VARIANTS[0], decode_bench.VARIANTS[-1])
     records = decode_bench.ladder(model, "tiny", bytes_per_step=1e6, bandwidth_gbps=100.0, prompt_len=3,
-                                  new_tokens=3, eager_new_tokens=2, check_len=5, repeats=1, variants=rungs,
+                                  new_tokens=3, eager_new_tokens=2, check_len=5, repeats=2, variants=rungs,
                                   progress=False)
     assert [r["variant"] for r in records] == list(rungs)
     assert [r["new_tokens"] for r in records] == [2, 3]  # the eager stock path on its shorter run
     for r in records:
         assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["seconds"])
         assert r["roofline_tokens_per_s"] == pytest.approx(100e9 / 1e6)
+        rounds = decode_bench.round_seconds(r)
+        assert len(rounds) == 2 and r["seconds"] == pytest.approx(sum(rounds) / 2)
     assert records[0]["logits_max_rel_error"] is None  # the stock path is the reference
     assert 0 < records[1]["logits_max_rel_error"] and decode_bench.logits_ok(records[1])
     assert not decode_bench.logits_ok({**records[1], "logits_max_rel_error": 0.5})
@@ -160,3 +163,23 @@ def test_pacing_side_by_side_takes_each_variant_in_turn(tiny_data):
         assert r["idle_ms"] == pytest.approx(max(0.0, r["wall_ms"] - r["kernel_ms"]))
     with pytest.raises(ValueError, match="each variant once"):
         kernels_step.pacing_side_by_side("tiny", ["stock", "stock"], 2, tiny_data, DEV)
+
+
+def test_nf4_ladder_checks_and_times_every_rung():
+    records = decode_bench.nf4_ladder({"small": (40, 256)}, bandwidth_gbps=100.0, reps=1)
+    names = [r["impl"] for r in records]
+    assert names[0] == "bitsandbytes" and records[0]["rung"] is None
+    assert [r["rung"] for r in records[1:]] == [1, 2, 3, 4, 5, 6]
+    for r in records:
+        assert r["ms"] > 0 and r["rel_err"] < 2e-2, r
+        assert r["pct_of_copy"] == pytest.approx(r["gbps"])  # 100 GB/s of copy: % and GB/s coincide
+
+
+def test_speedup_per_round_pairs_the_rounds():
+    slow = {"new_tokens": 2, "round 1 seconds": 2.0, "round 0 seconds": 1.0}
+    fast = {"new_tokens": 8, "round 0 seconds": 0.5, "round 1 seconds": 0.5}
+    assert decode_bench.round_seconds(slow) == [1.0, 2.0]
+    assert decode_bench.speedup_per_round(pd.Series(fast), pd.Series(slow)) == [8.0, 16.0]  # DataFrame rows too
+    assert decode_bench.speedup_per_round(fast, slow) == [8.0, 16.0]
+    with pytest.raises(ValueError, match="rounds"):
+        decode_bench.speedup_per_round(fast, {"new_tokens": 2, "round 0 seconds": 1.0})

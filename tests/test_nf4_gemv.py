@@ -416,3 +416,26 @@ def test_bad_input_is_a_clear_error():
         K.nf4_matmul(x, w, config=K.Config(16, 32, 4))
     with pytest.raises(ValueError, match="block_n must be >= 16 for 5 row"):
         K.nf4_matmul(randn(5, 64), w, config=K.Config(8, 64, 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("cfg", [None, K.Config(16, 128, 4, prefetch=False)])
+def test_table_in_memory_matches_float64(cfg, dtype, poisoned):
+    """``asm=False`` (the ladder's rungs 4 and 5): each code looked up in memory, on a GPU too."""
+    packed, state = quantize(37, 320)
+    x = randn(1, 320, dtype=dtype)
+    y = K.nf4_matmul(x, (packed, state), config=cfg, asm=False)
+    assert y.dtype == dtype and rel_err(y, reference(x, packed, state)) < TOL[dtype]
+
+
+def test_compiled_variants_report_the_registers_of_what_ran():
+    from helpers.kernels import compiled_variants
+
+    packed, state = quantize(37, 320)
+    K.nf4_matmul(randn(1, 320, dtype=torch.bfloat16), (packed, state))
+    variants = compiled_variants(K._nf4_matmul_kernel)
+    if helpers.device.INTERPRET:  # nothing is compiled in the interpreter
+        assert variants == []
+    else:
+        one_row = [v for v in variants if v.get("BLOCK_M") == 1]
+        assert one_row and all(0 < v["registers"] <= 255 and v["num_warps"] >= 1 for v in one_row)

@@ -58,3 +58,25 @@ def test_bad_input_is_named():
         S.nf4_matvec(torch.randn(1, 128).to(DEV), (packed, state), torch.zeros(3).to(DEV))
     with pytest.raises(ValueError, match="block_k"):
         S.nf4_matvec(torch.randn(1, 128).to(DEV), (packed, state), block_k=96)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,n,k,block_n,block_k", [(1, 37, 192, 16, 256), (2, 130, 320, 32, 128),
+                                                      (1, 19, 640, 16, 1024)])
+def test_scales_decoded_in_the_kernel_match_float64(rows, n, k, block_n, block_k, dtype, poisoned):
+    """Rung 2 (and rung 3's wider tiles): the 1-byte scale codes read and decoded in the kernel."""
+    packed, state = quantize(n, k, nested=True)
+    x = torch.randn(rows, k).to(DEV, dtype)
+    y = S.nf4_matvec(x, (packed, state), nested_scales=True, block_n=block_n, block_k=block_k)
+    assert y.shape == (rows, n) and y.dtype == dtype
+    assert rel_err(y, reference(x, packed, state)) < TOL[dtype]
+
+
+def test_scales_decoded_in_the_kernel_need_nested_statistics():
+    packed, state = quantize(16, 128, nested=False)
+    with pytest.raises(ValueError, match="nested statistics"):
+        S.nf4_matvec(torch.randn(1, 128).to(DEV), (packed, state), nested_scales=True)
+    packed, state = quantize(16, 128, nested=True)
+    ops = nf4_operands((packed, state))
+    with pytest.raises(ValueError, match="give no scales"):
+        S.nf4_matvec(torch.randn(1, 128).to(DEV), ops, S.block_scales(ops), nested_scales=True)

@@ -28,3 +28,24 @@ def check_powers_of_two(config, *names: str) -> None:
         value = getattr(config, name)
         if value < 1 or value & (value - 1):
             raise ValueError(f"{type(config).__name__}.{name} must be a power of two, got {value}")
+
+
+def compiled_variants(kernel) -> list[dict]:
+    """Every variant of a jitted kernel compiled in this process: its constexpr values, registers a thread,
+    spilled registers and warps, as the loaded binary reports them. Empty in Triton's interpreter."""
+    fn = kernel
+    while not hasattr(fn, "device_caches") and hasattr(fn, "fn"):
+        fn = fn.fn
+    if not hasattr(fn, "device_caches") or _device.INTERPRET:
+        return []
+    names = {i: p.name for i, p in enumerate(fn.params) if p.is_constexpr}
+    rows = []
+    for cache in fn.device_caches.values():
+        for compiled in cache[0].values():
+            compiled._init_handles()  # the register count is known once the binary is loaded
+            constants = getattr(compiled.src, "constants", {}) or {}
+            flags = {names[k[0] if isinstance(k, tuple) else k]: v for k, v in constants.items()
+                     if (k[0] if isinstance(k, tuple) else k) in names}
+            rows.append({**flags, "registers": compiled.n_regs, "spills": compiled.n_spills,
+                         "num_warps": compiled.metadata.num_warps})
+    return rows

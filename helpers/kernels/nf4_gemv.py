@@ -570,15 +570,17 @@ def _check_bias(bias: torch.Tensor | None, n: int, device: torch.device) -> None
 
 
 def nf4_matmul(x: torch.Tensor, weight, bias: torch.Tensor | None = None, config: Config | None = None, *,
-               gate: torch.Tensor | None = None) -> torch.Tensor:
+               gate: torch.Tensor | None = None, asm: bool = True) -> torch.Tensor:
     """``x @ W^T + bias`` for an nf4 weight ``W`` of shape (N, K): ``weight`` is a bitsandbytes
     ``Params4bit``, a ``(packed, quant_state)`` pair from ``quantize_4bit``, or :func:`nf4_operands`'
     result (checked once, reused). ``x`` has shape (..., K) with M = prod(...) <= ``MAX_M`` rows and
     dtype fp16, bf16 or fp32; the result has shape (..., N) and x's dtype, accumulated in fp32.
     ``gate`` (x's shape and dtype): the product takes ``F.silu(gate) * x`` (Llama's SwiGLU, rounded as
-    PyTorch rounds it) in place of x, made as x is read. ``config`` overrides :func:`config_for`."""
+    PyTorch rounds it) in place of x, made as x is read. ``config`` overrides :func:`config_for`.
+    ``asm=False`` looks each code up in the table in memory even where the PTX could run (the same
+    roundings; notebook 07's ladder measures what the PTX is worth)."""
     ops = weight if isinstance(weight, NF4Operands) else nf4_operands(weight)
-    return _matmul(x, [ops], bias, config, gate)[0]
+    return _matmul(x, [ops], bias, config, gate, asm)[0]
 
 
 def nf4_matmul_group(x: torch.Tensor, weights, config: Config | None = None) -> list[torch.Tensor]:
@@ -604,7 +606,7 @@ def _compute_capability(device: torch.device) -> tuple[int, int]:
 
 
 def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | None, config: Config | None,
-            gate: torch.Tensor | None = None) -> list[torch.Tensor]:
+            gate: torch.Tensor | None = None, asm: bool = True) -> list[torch.Tensor]:
     """One launch for ``x`` (or ``silu(gate) * x``) against 1 to 3 checked weights: the results, views of
     one buffer."""
     for ops in weights:
@@ -625,7 +627,7 @@ def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | No
         return outs
     x2 = x.reshape(m, ops.k)
     # the PTX needs sm_80 (packed bf16 arithmetic); fp32 x takes the exact table, looked up per weight
-    asm = not _device.INTERPRET and x.dtype != torch.float32 and _compute_capability(x.device) >= (8, 0)
+    asm = asm and not _device.INTERPRET and x.dtype != torch.float32 and _compute_capability(x.device) >= (8, 0)
     if x2.stride(1) != 1 or gate is not None:  # with a gate both are read as contiguous rows
         x2 = x2.contiguous()
     gate2 = x2 if gate is None else gate.reshape(m, ops.k).contiguous()
