@@ -201,6 +201,22 @@ def nf4_weights(n: int, k: int, min_bytes: float = 150e6, seed: int = 0) -> list
     return weights
 
 
+def _gemv_inputs(shapes: dict[str, tuple[int, int]], rows: int, seed: int):
+    """Per shape: ``(label, n, k, weights, ops, x)``: :func:`nf4_weights`' copies of a random (N, K) weight,
+    the course kernel's operands for each, and a random bf16 ``x`` (rows, K)."""
+    from .kernels.nf4_gemv import nf4_operands
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for label, (n, k) in shapes.items():
+        weights = nf4_weights(n, k, seed=seed)
+        item = (label, n, k, weights, [nf4_operands(w) for w in weights],
+                torch.randn(rows, k, device=device, dtype=torch.bfloat16, generator=gen))
+        del weights
+        yield item
+        del item  # this frame holds no weights while the next shape's are made
+
+
 def gemv_bandwidth(shapes: dict[str, tuple[int, int]], rows: int = 1, seed: int = 0) -> list[dict]:
     """Time ``x @ W^T`` for an nf4 ``W`` (N, K) and bf16 ``x`` (rows, K) three ways: bitsandbytes'
     ``matmul_4bit`` (what ``Linear4bit`` runs at inference: its fused 4-bit kernel), bitsandbytes'
@@ -212,15 +228,10 @@ def gemv_bandwidth(shapes: dict[str, tuple[int, int]], rows: int = 1, seed: int 
     import bitsandbytes.functional as bnbf
 
     from .bench import time_in_graph
-    from .kernels.nf4_gemv import nf4_matmul, nf4_operands
+    from .kernels.nf4_gemv import nf4_matmul
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    gen = torch.Generator(device=device).manual_seed(seed)
     records = []
-    for label, (n, k) in shapes.items():
-        weights = nf4_weights(n, k, seed=seed)
-        ops = [nf4_operands(w) for w in weights]
-        x = torch.randn(rows, k, device=device, dtype=torch.bfloat16, generator=gen)
+    for label, n, k, weights, ops, x in _gemv_inputs(shapes, rows, seed):
         impls = {"bitsandbytes": [lambda w=w: bnb.matmul_4bit(x, w[0].t(), quant_state=w[1]) for w in weights],
                  "dequantize + matmul": [lambda w=w: torch.nn.functional.linear(x, bnbf.dequantize_4bit(*w))
                                          for w in weights],
@@ -282,16 +293,10 @@ def nf4_ladder(shapes: dict[str, tuple[int, int]], bandwidth_gbps: float, seed: 
     import bitsandbytes.functional as bnbf
 
     from .bench import time_in_graph
-    from .kernels.nf4_gemv import nf4_operands
     from .kernels.nf4_gemv_simple import block_scales
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    gen = torch.Generator(device=device).manual_seed(seed)
     records = []
-    for label, (n, k) in shapes.items():
-        weights = nf4_weights(n, k, seed=seed)
-        ops = [nf4_operands(w) for w in weights]
-        x = torch.randn(1, k, device=device, dtype=torch.bfloat16, generator=gen)
+    for label, n, k, weights, ops, x in _gemv_inputs(shapes, 1, seed):
         reference = x.double() @ bnbf.dequantize_4bit(*weights[0]).double().T
         moved = nf4_gemv_bytes(n, k)
         bnb_calls = [lambda w=w: bnb.matmul_4bit(x, w[0].t(), quant_state=w[1]) for w in weights]

@@ -30,6 +30,23 @@ MAX_SPLITS = 16
 
 
 @triton.jit
+def _merge_slices(PART_O, PART_ML, out, first, rd, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  SPLITS: tl.constexpr):
+    """Merge the SPLITS partial (m, l, acc) of one head group, rows ``first + i * GROUP``, in slice order."""
+    m = tl.full([GROUP], float("-inf"), tl.float32)
+    for i in tl.static_range(SPLITS):
+        m = tl.maximum(m, tl.load(PART_ML + (first + i * GROUP) * 2, cache_modifier=".cg"))
+    l = tl.zeros([GROUP], tl.float32)
+    acc = tl.zeros([GROUP, HEAD_DIM], tl.float32)
+    for i in tl.static_range(SPLITS):
+        row = first + i * GROUP
+        w = tl.exp(tl.load(PART_ML + row * 2, cache_modifier=".cg") - m)  # an empty slice weighs 0
+        l += w * tl.load(PART_ML + row * 2 + 1, cache_modifier=".cg")
+        acc += w[:, None] * tl.load(PART_O + row[:, None] * HEAD_DIM + rd[None, :], cache_modifier=".cg")
+    tl.store(out, (acc / l[:, None]).to(out.dtype.element_ty))
+
+
+@triton.jit
 def _decode_attention_kernel(Q, KC, VC, POS, PART_O, PART_ML, TICKETS, OUT, HKV, MAX_LEN, SLICE, scale,
                              GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
                              SPLITS: tl.constexpr):
@@ -70,17 +87,7 @@ def _decode_attention_kernel(Q, KC, VC, POS, PART_O, PART_ML, TICKETS, OUT, HKV,
         tl.store(PART_ML + (first + s * GROUP) * 2 + 1, l)
         tl.debug_barrier()  # every thread's partials are written before the ticket (a release) is taken
         if tl.atomic_add(TICKETS + bg, 1) == SPLITS - 1:  # the last slice of (b, g): merge all, in slice order
-            m = tl.full([GROUP], float("-inf"), tl.float32)
-            for i in tl.static_range(SPLITS):
-                m = tl.maximum(m, tl.load(PART_ML + (first + i * GROUP) * 2, cache_modifier=".cg"))
-            l = tl.zeros([GROUP], tl.float32)
-            acc = tl.zeros([GROUP, HEAD_DIM], tl.float32)
-            for i in tl.static_range(SPLITS):
-                row = first + i * GROUP
-                w = tl.exp(tl.load(PART_ML + row * 2, cache_modifier=".cg") - m)  # an empty slice weighs 0
-                l += w * tl.load(PART_ML + row * 2 + 1, cache_modifier=".cg")
-                acc += w[:, None] * tl.load(PART_O + row[:, None] * HEAD_DIM + rd[None, :], cache_modifier=".cg")
-            tl.store(out, (acc / l[:, None]).to(OUT.dtype.element_ty))
+            _merge_slices(PART_O, PART_ML, out, first, rd, GROUP, HEAD_DIM, SPLITS)
             tl.store(TICKETS + bg, 0)  # ready for the next call
 
 

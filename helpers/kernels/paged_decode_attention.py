@@ -23,26 +23,9 @@ import triton
 import triton.language as tl
 
 from . import check_triton_device
-from .decode_attention import BLOCK_T, MAX_SPLITS, _tickets
+from .decode_attention import BLOCK_T, MAX_SPLITS, _merge_slices, _tickets
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-@triton.jit
-def _merge_slices(PART_O, PART_ML, out, first, rd, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  SPLITS: tl.constexpr):
-    """Merge the SPLITS partial (m, l, acc) of one head group, rows ``first + i * GROUP``, in slice order."""
-    m = tl.full([GROUP], float("-inf"), tl.float32)
-    for i in tl.static_range(SPLITS):
-        m = tl.maximum(m, tl.load(PART_ML + (first + i * GROUP) * 2, cache_modifier=".cg"))
-    l = tl.zeros([GROUP], tl.float32)
-    acc = tl.zeros([GROUP, HEAD_DIM], tl.float32)
-    for i in tl.static_range(SPLITS):
-        row = first + i * GROUP
-        w = tl.exp(tl.load(PART_ML + row * 2, cache_modifier=".cg") - m)  # an empty slice weighs 0
-        l += w * tl.load(PART_ML + row * 2 + 1, cache_modifier=".cg")
-        acc += w[:, None] * tl.load(PART_O + row[:, None] * HEAD_DIM + rd[None, :], cache_modifier=".cg")
-    tl.store(out, (acc / l[:, None]).to(out.dtype.element_ty))
 
 
 @triton.jit
