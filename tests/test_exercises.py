@@ -250,7 +250,7 @@ def test_solutions_are_the_modules_functions():
 
 # --- the notebooks carry the exercises ------------------------------------------------------------
 
-ID_PATTERN = re.compile(r"""CHECKS\[["'](\d\d\.\d+)["']\]""")
+ID_PATTERN = re.compile(r"""CHECKS\[["'](\d\d[a-z]?\.\d+)["']\]""")
 
 
 def cell_sources(cells: list[dict]) -> str:
@@ -259,7 +259,8 @@ def cell_sources(cells: list[dict]) -> str:
 
 def ids_in_notebook(number: str) -> set[str]:
     """The exercise ids a notebook's cells name."""
-    notebook = next((ROOT / "notebooks").glob(f"{number}_*.ipynb"))
+    folder = ROOT / "notebooks" / ("appendix" if number[-1].isalpha() else "")
+    notebook = next(folder.glob(f"{number}_*.ipynb"))
     return set(ID_PATTERN.findall(cell_sources(json.loads(notebook.read_text())["cells"])))
 
 
@@ -275,6 +276,12 @@ def test_notebook_00_carries_its_exercises():
     assert ids and ids_in_notebook("00") == ids
 
 
+@pytest.mark.parametrize("number", ["04a", "04b", "07a"])
+def test_appendix_notebook_carries_its_exercise(number):
+    ids = {i for i in CHECKS if i.startswith(number + ".")}
+    assert ids and ids_in_notebook(number) == ids
+
+
 def test_every_check_is_in_a_notebook():
-    named = set().union(*(ids_in_notebook(f"{n:02d}") for n in range(0, 10)))
+    named = set().union(*(ids_in_notebook(n) for n in [f"{n:02d}" for n in range(0, 10)] + ["04a", "04b", "07a"]))
     assert set(CHECKS) <= named, f"not in any notebook: {sorted(set(CHECKS) - named)}"
