@@ -66,6 +66,21 @@ def test_resume_from_the_results_file_alone(env):
     assert calls == [points[1].key()]
 
 
+def test_a_zero_budget_runs_no_point_and_returns_what_is_saved(env):
+    # the notebook at full scale reads a sweep run beforehand: budget 0 must start nothing
+    points = sweep.plan(["tiny"], [1, 2], [None], generate=False)
+    sweep.run_sweep(points[:1], data_path=env["data"], store_path=env["store"], runner=_fake_runner([]),
+                    progress=False)
+    calls = []
+    records = sweep.run_sweep(points, data_path=env["data"], store_path=env["store"], runner=_fake_runner(calls),
+                              budget_s=0, progress=False)
+    assert calls == [] and [r["point"] for r in records] == [points[0].key()]
+    assert sweep.pending(points, env["store"]) == points[1:]
+    with pytest.raises(ValueError, match="budget_s must be >= 0"):
+        sweep.run_sweep(points, data_path=env["data"], store_path=env["store"], runner=_fake_runner(calls),
+                        budget_s=-1, progress=False)
+
+
 def test_larger_batches_after_an_oom_are_recorded_without_running(env):
     points = sweep.plan(["tiny"], [4, 8, 16], [None], generate=False)
     calls = []

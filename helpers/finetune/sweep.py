@@ -223,14 +223,14 @@ def run_sweep(points: list[PointSpec], *, data_path: Path | None = None, store_p
     """Run the points not yet finished, saving after each; returns every finished record.
 
     ``budget_s``: start no new point after this many seconds (so one call stays inside a time limit;
-    run again to continue). ``gpus``: GPU ids to run on, one point on each at a time (None: the
+    run again to continue); 0 starts none and returns what is saved. ``gpus``: GPU ids to run on, one point on each at a time (None: the
     default device, one point at a time). Points are checked before any runs.
     """
     from tqdm.auto import tqdm
 
     validate(points)
-    if budget_s is not None and budget_s <= 0:
-        raise ValueError(f"budget_s must be > 0, got {budget_s}")
+    if budget_s is not None and budget_s < 0:
+        raise ValueError(f"budget_s must be >= 0, got {budget_s}")
     if gpus is not None and (not gpus or len(set(gpus)) != len(gpus)):
         raise ValueError(f"gpus must be distinct GPU ids, got {list(gpus)}")
     data_path = Path(data_path) if data_path else data_file()
@@ -251,7 +251,7 @@ def run_sweep(points: list[PointSpec], *, data_path: Path | None = None, store_p
             except queue.Empty:
                 return
             for point in group:
-                if failures or (budget_s is not None and time.perf_counter() - start > budget_s):
+                if failures or (budget_s is not None and time.perf_counter() - start >= budget_s):
                     return
                 bar.set_postfix_str(point.key())
                 below = _oom_below(point, store.done)
