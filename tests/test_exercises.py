@@ -136,6 +136,12 @@ def gather_heads_not_moved(pages, table_row, length):
     return used.reshape(pages.shape[1], -1, pages.shape[3])[:, :length]
 
 
+def gather_every_table_entry(pages, table_row, length):
+    """Every entry of the table gathered, then cut: reads the entry past the length, which is no page."""
+    every = pages[table_row.long()].permute(1, 0, 2, 3)
+    return every.reshape(pages.shape[1], -1, pages.shape[3])[:, :length]
+
+
 PLANTED = {
     "01.1": [row_sum_off_by_one, lambda x: x.float()[:, :-1].sum(dim=1), lambda x: x.float().sum(dim=1) / x.shape[1]],
     "02.1": [softmax_store_off_by_one, softmax_pads_with_zero, softmax_without_max],
@@ -145,7 +151,7 @@ PLANTED = {
     "05.2": [tiles_by_index, tiles_ignore_sequence_end],
     "07.1": [nf4_low_nibble_first, nf4_block_of_byte],
     "07.2": [write_kv_next_position, write_kv_swapped, write_kv_new_tensors],
-    "09.2": [gather_pages_in_pool_order, gather_heads_not_moved],
+    "09.2": [gather_pages_in_pool_order, gather_heads_not_moved, gather_every_table_entry],
 }
 
 

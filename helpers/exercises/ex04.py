@@ -43,8 +43,9 @@ BIAS_GELU = CodeCheck(
     out_dtypes=lambda case: (case.dtype,),
     hints={"value": "Wrong values. The bias has one element per column: column = offset % N (not offset // N). "
                     "GELU here is the exact one, 0.5 * v * (1 + erf(v / sqrt(2))), applied to x + bias.",
-           "unwritten": "Some outputs never written: the grid must cover M * N elements, "
-                        "`triton.cdiv(x.numel(), BLOCK)` programs, with the mask `offsets < x.numel()`.",
+           "unwritten": "NaN in the result: either outputs never written (the grid must cover M * N elements, "
+                        "`triton.cdiv(x.numel(), BLOCK)` programs, with the mask `offsets < x.numel()`), or a "
+                        "load past the end of bias (index it by column, `offsets % n_cols`, not by `offsets`).",
            "dtype": "Return x's dtype: compute in fp32, then `.to(out_ptr.dtype.element_ty)` in the store."})
 
 

@@ -32,7 +32,8 @@ def _gather_inputs(case: Case, generator: torch.Generator) -> tuple:
     length = case.params["length"]
     pages = torch.randn(num_pages, hkv, page, d, generator=generator).to(case.dtype)
     used = -(-length // page)
-    row = torch.randperm(num_pages, generator=generator)[:used + 1]  # one entry past the length: never read
+    row = torch.randperm(num_pages, generator=generator)[:used]
+    row = torch.cat([row, torch.tensor([num_pages])])  # one entry past the length, no page of the pool: never read
     return on_device(pages), on_device(row), length
 
 

@@ -223,8 +223,9 @@ def run_sweep(points: list[PointSpec], *, data_path: Path | None = None, store_p
     """Run the points not yet finished, saving after each; returns every finished record.
 
     ``budget_s``: start no new point after this many seconds (so one call stays inside a time limit;
-    run again to continue); 0 starts none and returns what is saved. ``gpus``: GPU ids to run on, one point on each at a time (None: the
-    default device, one point at a time). Points are checked before any runs.
+    run again to continue); 0 starts none and returns what is saved. ``gpus``: GPU ids to run on, one
+    point on each at a time (None: the default device, one point at a time). Points are checked before
+    any runs.
     """
     from tqdm.auto import tqdm
 
