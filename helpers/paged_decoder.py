@@ -195,3 +195,101 @@ class PagedDecoder:
         self._check_known(request)
         self.pool.free(request)
         del self._next[request], self._limit[request]
+
+
+# --- continuous batching ------------------------------------------------------------------------------
+
+Arrival = tuple[float, Sequence[int], int]  # (arrival in seconds from the start, prompt ids, answer tokens)
+
+
+@dataclasses.dataclass
+class Served:
+    """What :func:`serve` did: one ``continuous`` record over all requests, a ``continuous_request``
+    record per request (in arrival order) and each request's answer ids."""
+
+    summary: dict
+    requests: list[dict]
+    answers: list[list[int]]
+
+
+def serve(decoder: PagedDecoder, arrivals: Sequence[Arrival], arrival_rate: float | None = None,
+          clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep) -> Served:
+    """Continuous batching: each request joins the running batch once it has arrived and the pool has
+    free pages for its whole prompt and answer beyond what the running requests will still take (first
+    come, first served), is decoded with the others one step at a time, and leaves, its pages freed, after
+    its answer. With nothing to run, waits (``sleep``) for the next arrival. ``clock`` and ``sleep`` are
+    injectable (a fake clock in tests). TTFT: arrival to first token (queueing and prefill); TPOT: the
+    seconds a token after the first; tokens/s: all answer tokens over the whole run. ``arrival_rate``
+    (requests a second, of whoever drew the arrivals) is recorded as given."""
+    pool = decoder.pool
+    for i, (_, prompt, answer) in enumerate(arrivals):
+        if answer < 1 or len(prompt) + answer > decoder.max_len:
+            raise ValueError(f"arrival {i}: a {len(prompt)}-token prompt and a {answer}-token answer never fit "
+                             f"(answers >= 1; a request holds at most {decoder.max_len} tokens)")
+    order = sorted(range(len(arrivals)), key=lambda i: arrivals[i][0])
+    final = {i: len(arrivals[i][1]) + arrivals[i][2] for i in order}  # the tokens a request holds at most
+    answers: list[list[int]] = [[] for _ in arrivals]
+    first, last = [0.0] * len(arrivals), [0.0] * len(arrivals)
+    start = clock()
+
+    def admissible(i: int) -> bool:
+        owed = sum(pool.pages_for(final[r]) - len(pool.pages(r)) for r in decoder.requests)
+        return pool.pages_for(final[i]) <= pool.free_pages - owed
+
+    def emit(i: int, token: int, now: float) -> None:
+        answers[i].append(token)
+        last[i] = now
+        if len(answers[i]) == arrivals[i][2]:
+            decoder.finish(i)
+
+    while order or decoder.requests:
+        while order and arrivals[order[0]][0] <= clock() - start and admissible(order[0]):
+            i = order.pop(0)
+            logits = decoder.add(i, arrivals[i][1], arrivals[i][2])
+            first[i] = clock() - start
+            emit(i, int(logits.argmax()), first[i])
+        if decoder.requests:
+            tokens = decoder.step()
+            now = clock() - start
+            for i, token in tokens.items():
+                emit(i, token, now)
+        elif order:
+            sleep(max(0.0, arrivals[order[0]][0] - (clock() - start)))
+    seconds = clock() - start
+    requests = [{"what": "continuous_request", "request": i, "arrival_s": a, "prompt": len(p), "tokens": n,
+                 "ttft_s": first[i] - a, "tpot_s": (last[i] - first[i]) / (n - 1) if n > 1 else None}
+                for i, (a, p, n) in enumerate(arrivals)]
+    tpots = [r["tpot_s"] for r in requests if r["tpot_s"] is not None]
+    tokens = sum(len(a) for a in answers)
+    summary = {"what": "continuous", "arrival_rate": arrival_rate, "requests": len(arrivals), "tokens": tokens,
+               "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None,
+               "ttft_ms": 1e3 * statistics.median(r["ttft_s"] for r in requests) if requests else None,
+               "tpot_ms": 1e3 * statistics.median(tpots) if tpots else None}
+    return Served(summary, requests, answers)
+
+
+def batch_decode_sweep(model: nn.Module, batches: Sequence[int], context: int, steps: int = 8,
+                       page_tokens: int = PAGE_TOKENS, seed: int = 0, clock: Callable[[], float] = time.perf_counter,
+                       **decoder_kw) -> list[dict]:
+    """Decode tokens/s against batch size: for each batch, that many requests of ``context``-token random
+    prompts prefilled, one step to warm up, then ``steps`` batched steps timed (each step ends reading
+    its tokens on the host, so the device has finished). ``decoder_kw`` goes to :class:`PagedDecoder`
+    (kernels, ``max_rows``)."""
+    if context < 1 or steps < 1 or not batches or min(batches) < 1:
+        raise ValueError(f"need context, steps and batches >= 1, got {context}, {steps}, {list(batches)}")
+    generator = torch.Generator().manual_seed(seed)
+    records = []
+    for batch in batches:
+        per_request = -(-(context + steps + 1) // page_tokens)
+        dec = PagedDecoder(model, batch * per_request, page_tokens, per_request * page_tokens, **decoder_kw)
+        for r in range(batch):
+            dec.add(r, torch.randint(model.config.vocab_size, (context,), generator=generator), steps + 1)
+        dec.step()  # warm-up: compilation, autotuning
+        start = clock()
+        for _ in range(steps):
+            dec.step()
+        seconds = clock() - start
+        records.append({"what": "batch_decode", "batch": batch, "context": context, "steps": steps,
+                        "seconds": seconds,
+                        "tokens_per_s": batch * steps / seconds if seconds > 0 else None})
+    return records
