@@ -1,0 +1,189 @@
+"""Many requests decoded together over a paged cache, against each decoded alone; continuous batching."""
+import pytest
+import torch
+
+import helpers  # noqa: F401  (first: sets the Triton interpreter up on a machine without a GPU)
+from helpers.decode import Decoder
+from helpers.finetune.models import build_model
+from helpers.paged_decoder import PagedDecoder, batch_decode_sweep, serve, torch_paged_attention
+from helpers.serving import OutOfPages
+
+# bf16 activations, a prompt's forward at once against one token at a time: about 1e-2 of the largest logit;
+# a step attending one position short is off by 0.13 to 0.3
+TOL = 3e-2
+
+
+@pytest.fixture(scope="module")
+def model():
+    model, _ = build_model("tiny", "cpu", vocab_size=256, seed=1)
+    return model.eval()
+
+
+def _prompt(n, seed):
+    return torch.randint(3, 256, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def _alone(model, prompt, answer):
+    """The Decoder's logits (batch 1, one token at a time) at the prompt's last token and at each answer token
+    but the last, fed ``prompt`` then ``answer``."""
+    tokens = torch.cat([prompt, torch.tensor(answer[:-1], dtype=torch.long)])[None]
+    return Decoder(model, max_len=tokens.shape[1]).teacher_forced(tokens)[0, len(prompt) - 1:]
+
+
+def _close(ours, ref):
+    return ((ours - ref).abs() / ref.abs().amax(-1, keepdim=True)).max().item() < TOL
+
+
+def _decode(dec, requests, steps, max_new=None):
+    """Add ``requests`` {id: prompt}, step ``steps`` times; each request's logits and greedy tokens."""
+    logits = {r: [dec.add(r, p, max_new or steps + 1)] for r, p in requests.items()}
+    tokens = {r: [int(lg[0].argmax())] for r, lg in logits.items()}
+    for _ in range(steps):
+        nxt = dec.step()
+        for row, r in enumerate(dec.requests):
+            logits[r].append(dec.logits[row])
+            tokens[r].append(nxt[r])
+    return {r: torch.stack(lg) for r, lg in logits.items()}, tokens
+
+
+def test_a_ragged_batch_matches_each_request_decoded_alone(model):
+    """Four prompt lengths (one page, a page and a bit, three pages) in one batch, through the Triton kernel;
+    two requests cross a page boundary mid-decode (lengths 8 -> 9 and 16 -> 17 with pages of 8)."""
+    prompts = {"a": _prompt(3, 0), "b": _prompt(8, 1), "c": _prompt(17, 2), "d": _prompt(14, 3)}
+    dec = PagedDecoder(model, num_pages=16, page_tokens=8, max_len=32)
+    logits, tokens = _decode(dec, prompts, steps=4)
+    assert [len(dec.pool.pages(r)) for r in prompts] == [1, 2, 3, 3]  # b and d took a page mid-decode
+    for r, prompt in prompts.items():
+        assert _close(logits[r], _alone(model, prompt, tokens[r])), r
+    for r in prompts:  # greedy: every token the argmax of the logits before it
+        assert tokens[r] == logits[r].argmax(-1).tolist(), r
+
+
+def test_pages_are_freed_on_finish_and_reused(model):
+    dec = PagedDecoder(model, num_pages=6, page_tokens=4, max_len=16, attention=torch_paged_attention)
+    _decode(dec, {"a": _prompt(7, 0), "b": _prompt(4, 1)}, steps=2, max_new=8)
+    held = dec.pool.pages("a")
+    dec.finish("a")
+    assert dec.requests == ["b"] and dec.pool.free_pages == 6 - 2
+    prompt = _prompt(9, 2)  # three pages, as a held
+    logits = [dec.add("c", prompt, 4)]
+    assert sorted(dec.pool.pages("c")) == sorted(held)  # a's pages, with a's keys and values in them still
+    tokens = [int(logits[0].argmax())]
+    for _ in range(3):
+        tokens.append(dec.step()["c"])
+        logits.append(dec.logits[dec.requests.index("c")])
+    assert _close(torch.stack(logits), _alone(model, prompt, tokens))
+    dec.finish("b")
+    dec.finish("c")
+    assert dec.pool.free_pages == 6 and dec.requests == []
+
+
+def test_never_fits_and_out_of_pages_leave_running_requests_intact(model):
+    dec = PagedDecoder(model, num_pages=4, page_tokens=4, attention=torch_paged_attention)
+    assert dec.max_len == 16
+    prompt = _prompt(4, 0)
+    first = dec.add("a", prompt, 9)
+    with pytest.raises(ValueError, match="'big': 10 prompt \\+ 7 new tokens can never fit; a request holds at most 16"):
+        dec.add("big", _prompt(10, 1), 7)
+    dec.add("b", _prompt(8, 2), 4)  # a: 1 page, b: 2 pages; one free
+    with pytest.raises(OutOfPages, match="request 'c'"):
+        dec.add("c", _prompt(5, 3), 1)  # two pages: not now
+    assert dec.requests == ["a", "b"] and dec.pool.free_pages == 1
+    before = {r: (dec.pool.pages(r), dec.pool.length(r)) for r in dec.requests}
+    with pytest.raises(OutOfPages, match="2 requests need a new page and 1 of the pool's 4 are free"):
+        dec.step()  # a (4 tokens) and b (8) both cross into a new page
+    assert {r: (dec.pool.pages(r), dec.pool.length(r)) for r in dec.requests} == before
+    dec.finish("b")
+    logits, tokens = [first], [int(first.argmax())]
+    for _ in range(3):
+        tokens.append(dec.step()["a"])
+        logits.append(dec.logits[0])
+    assert _close(torch.stack(logits), _alone(model, prompt, tokens))
+
+
+def test_bad_input_is_a_clear_error(model):
+    dec = PagedDecoder(model, num_pages=4, page_tokens=4, attention=torch_paged_attention)
+    with pytest.raises(ValueError, match="no running requests"):
+        dec.step()
+    with pytest.raises(ValueError, match="non-empty 1-D"):
+        dec.add("a", [], 1)
+    with pytest.raises(ValueError, match="non-empty 1-D"):
+        dec.add("a", torch.zeros(1, 3, dtype=torch.long), 1)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        dec.add("a", [5, 6], 0)
+    assert dec.pool.free_pages == 4
+    dec.add("a", [5, 6], 2)
+    with pytest.raises(ValueError, match="already running"):
+        dec.add("a", [5], 1)
+    with pytest.raises(ValueError, match="unknown request 'x'; running: \\['a'\\]"):
+        dec.finish("x")
+    with pytest.raises(ValueError, match="unknown request 'x'"):
+        dec.step({"x": 3})
+    dec.step()
+    dec.step()
+    with pytest.raises(ValueError, match="'a' holds 4 tokens, its limit"):
+        dec.step()
+    with pytest.raises(TypeError, match="LlamaForCausalLM"):
+        PagedDecoder(torch.nn.Linear(2, 2), num_pages=4)
+
+
+class FakeClock:
+    """Time that moves only when the decoder works (a prefill 4 ms, a step 10 ms) or the loop sleeps."""
+
+    def __init__(self, dec, prefill_s=0.004, step_s=0.010):
+        self.now, self.sleeps = 100.0, []
+        add, step = dec.add, dec.step
+
+        def timed(fn, seconds):
+            def run(*args):
+                self.now += seconds
+                return fn(*args)
+            return run
+        dec.add, dec.step = timed(add, prefill_s), timed(step, step_s)
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_continuous_batching_with_a_fake_clock(model):
+    """Five requests; the pool (5 pages of 4) holds the first two with their growth reserved, so the third
+    (2 pages) waits for the first to finish and the fourth (1 page) waits behind it; a gap in the arrivals
+    leaves the loop idle, waiting."""
+    dec = PagedDecoder(model, num_pages=5, page_tokens=4, attention=torch_paged_attention)
+    clock = FakeClock(dec)
+    arrivals = [(0.0, _prompt(5, 0).tolist(), 3), (0.0, _prompt(3, 1).tolist(), 5), (0.005, _prompt(6, 2).tolist(), 2),
+                (0.006, _prompt(2, 3).tolist(), 1), (1.0, _prompt(4, 4).tolist(), 4)]
+    served = serve(dec, arrivals, arrival_rate=5.0, clock=clock, sleep=clock.sleep)
+    assert [len(a) for a in served.answers] == [3, 5, 2, 1, 4]
+    assert dec.requests == [] and dec.pool.free_pages == 5
+    first = served.requests[0]
+    assert first["ttft_s"] == pytest.approx(0.004)  # arrived with nothing ahead: its prefill
+    assert served.requests[1]["ttft_s"] == pytest.approx(0.008)  # after the first one's prefill
+    # a finishes after two steps (t = 0.028 s): c joins (prefill to 0.032, arrived at 0.005), then d (to 0.036)
+    assert [r["ttft_s"] for r in served.requests[2:4]] == pytest.approx([0.027, 0.030])
+    last = served.requests[4]
+    assert last["ttft_s"] == pytest.approx(0.004) and last["tpot_s"] == pytest.approx(0.010)  # alone by then
+    assert len(clock.sleeps) == 1 and clock.sleeps[0] > 0.5  # idle until t = 1 s
+    for r in served.requests:
+        assert r["ttft_s"] >= 0.004 and (r["tpot_s"] is None) == (r["tokens"] == 1)
+        if r["tpot_s"] is not None:
+            assert 0.010 <= r["tpot_s"] <= 0.010 + 0.004 * len(arrivals)  # a step, plus prefills in between
+    s = served.summary
+    assert s["what"] == "continuous" and s["arrival_rate"] == 5.0 and s["tokens"] == 15
+    assert s["seconds"] == pytest.approx(clock.now - 100.0)
+    assert s["tokens_per_s"] == pytest.approx(15 / s["seconds"])
+    assert s["ttft_ms"] > 0 and s["tpot_ms"] >= 10.0
+    with pytest.raises(ValueError, match="arrival 0: a 30-token prompt and a 3-token answer never fit"):
+        serve(dec, [(0.0, [5] * 30, 3)], clock=clock, sleep=clock.sleep)
+
+
+def test_batch_decode_sweep_records(model):
+    ticks = iter(range(100))
+    records = batch_decode_sweep(model, [1, 3], context=5, steps=2, page_tokens=4, clock=lambda: next(ticks),
+                                 attention=torch_paged_attention)
+    assert [(r["what"], r["batch"], r["context"]) for r in records] == [("batch_decode", 1, 5), ("batch_decode", 3, 5)]
+    assert [r["tokens_per_s"] for r in records] == [2 / 1, 6 / 1]  # one fake second for the two timed steps
