@@ -23,7 +23,7 @@ VARIANTS = ("stock generate", "static cache", "static cache + CUDA graph", "+ fu
 PROMPT_LEN, NEW_TOKENS = 16, 128  # the ladder's prompt and new tokens at full scale (notebook 07's settings)
 
 
-def _kernels(variant: str) -> dict[str, Callable]:
+def rung_kernels(variant: str) -> dict[str, Callable]:
     """The Decoder hooks of a rung: each rung keeps the kernels of the one before it."""
     from .kernels.decode_attention import decode_attention
     from .kernels.nf4_gemv import nf4_linear, nf4_linear_group
@@ -45,7 +45,7 @@ def decoder(model: nn.Module, variant: str, max_len: int, batch_size: int = 1) -
         raise ValueError(f"variant must be one of {VARIANTS[1:]}, got {variant!r}")
     # a model on the CPU (smoke scale) runs the same code without the graph
     graph = variant != "static cache" and next(model.parameters()).device.type == "cuda"
-    return Decoder(model, max_len, batch_size, graph=graph, **_kernels(variant))
+    return Decoder(model, max_len, batch_size, graph=graph, **rung_kernels(variant))
 
 
 def _sync(device: torch.device) -> None:
@@ -84,7 +84,7 @@ def runner(model: nn.Module, variant: str, prompt: torch.Tensor, new_tokens: int
     return run
 
 
-def _relative_error(logits: torch.Tensor, reference: torch.Tensor) -> float:
+def relative_error(logits: torch.Tensor, reference: torch.Tensor) -> float:
     """Largest error over every position, relative to the largest reference logit at that position."""
     return float(((logits - reference).abs() / reference.abs().amax(-1, keepdim=True)).max())
 
@@ -93,7 +93,7 @@ def _relative_error(logits: torch.Tensor, reference: torch.Tensor) -> float:
 def logits_error(model: nn.Module, variant: str, tokens: torch.Tensor, reference: torch.Tensor) -> float:
     """Error of a variant's teacher-forced logits over every position of ``tokens`` (B, T) against
     ``reference``, the model's own forward over the whole sequence (fp32 logits)."""
-    return _relative_error(decoder(model, variant, tokens.shape[1], tokens.shape[0]).teacher_forced(tokens),
+    return relative_error(decoder(model, variant, tokens.shape[1], tokens.shape[0]).teacher_forced(tokens),
                            reference)
 
 
@@ -109,7 +109,7 @@ def cached_decode_error(model: nn.Module, tokens: torch.Tensor, reference: torch
         out = model(tokens[:, t:t + 1], use_cache=True, **({name: cache} if cache is not None else {}))
         cache = out[name]
         steps.append(out.logits[:, -1].float())
-    return _relative_error(torch.stack(steps, dim=1), reference)
+    return relative_error(torch.stack(steps, dim=1), reference)
 
 
 def logits_ok(record: dict, margin: float = 1.5, minimum: float = 2e-2) -> bool:

@@ -15,6 +15,7 @@ boundary), and the paged kernel attends each request over its own length.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from typing import Callable, Hashable, Mapping, Sequence
@@ -24,8 +25,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .decode import AddNorm, Linear, LinearGroup, LlamaLayers, Norm, SwigluLinear, module_linear, rotate, torch_rms_norm
+from .kernels.nf4_dequant import dequant_linear
+from .kernels.nf4_gemv import nf4_operands
 from .kernels.paged_decode_attention import paged_decode_attention
 from .serving import PAGE_TOKENS, OutOfPages, PagePool, paged_reference
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)  # batch sizes a CUDA graph is captured for
 
 # (q (B, H, 1, D), k_pages, v_pages (num_pages, H_kv, page_tokens, D), block_table (B, W), lengths (B,)) -> (B, H, 1, D)
 PagedAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -43,6 +48,22 @@ def torch_paged_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch
     return paged_reference(q, k_pages, v_pages, block_table, lengths).to(q.dtype)
 
 
+def dequant_nf4_linear(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """x through a quantised ``Linear4bit``: its weight dequantised once (``nf4_dequant``), then one matmul;
+    the path for more rows than the nf4 matrix-vector kernels take, where the product is compute-bound."""
+    return dequant_linear(x, nf4_operands(module.weight), module.bias)
+
+
+def course_kernels() -> dict:
+    """The hooks of notebook 07's fastest rung for a :class:`PagedDecoder` (nf4 kernels, fused RMSNorm,
+    SwiGLU and residual add), and past ``nf4_gemv.MAX_M`` rows the weights dequantised once a step."""
+    from .decode_bench import VARIANTS, rung_kernels
+    from .kernels.nf4_gemv import MAX_M
+
+    hooks = {k: v for k, v in rung_kernels(VARIANTS[-1]).items() if k not in ("rope", "attention")}
+    return {**hooks, "max_rows": MAX_M, "wide_linear": dequant_nf4_linear}
+
+
 def _heads(x: torch.Tensor, n: int) -> torch.Tensor:
     """(B, T, n * D) -> (B, n, T, D)."""
     b, t, _ = x.shape
@@ -56,31 +77,43 @@ class PagedDecoder:
 
     The kernel hooks are :class:`~helpers.decode.LlamaLayers`' (``linear``, ``linear_group``,
     ``swiglu_linear``, ``norm``, ``add_norm``). ``max_rows``: the most rows the linear hooks take (the
-    nf4 kernels': ``nf4_gemv.MAX_M``); a forward over more rows (a larger batch, a long prompt) uses the
-    modules' own forward (bitsandbytes dequantises and multiplies). ``attention``: a
+    nf4 kernels': ``nf4_gemv.MAX_M``); a forward over more rows (a larger batch, a long prompt) computes
+    every projection with ``wide_linear`` (default: the module's own forward). ``attention``: a
     :data:`PagedAttention` (default: the Triton kernel; :func:`torch_paged_attention` to check it).
+    ``graph=True`` (CUDA only): a step of B requests replays a CUDA graph captured once for the smallest
+    of ``BUCKETS`` >= B, the batch padded with rows that write only to a spare page; more than
+    ``BUCKETS[-1]`` requests step without a graph.
     """
 
     def __init__(self, model: nn.Module, num_pages: int, page_tokens: int = PAGE_TOKENS, max_len: int | None = None,
                  *, linear: Linear = module_linear, linear_group: LinearGroup | None = None,
                  swiglu_linear: SwigluLinear | None = None, norm: Norm = torch_rms_norm,
                  add_norm: AddNorm | None = None, attention: PagedAttention = triton_paged_attention,
-                 max_rows: int | None = None) -> None:
+                 max_rows: int | None = None, wide_linear: Linear = module_linear, graph: bool = False) -> None:
         if num_pages < 1 or page_tokens < 1:
             raise ValueError(f"need num_pages >= 1 and page_tokens >= 1, got {num_pages}, {page_tokens}")
         positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         max_len = max_len or min(num_pages * page_tokens, positions or num_pages * page_tokens)
         self.layers = LlamaLayers(model, max_len, linear=linear, linear_group=linear_group,
                                   swiglu_linear=swiglu_linear, norm=norm, add_norm=add_norm)
-        self.wide = None if max_rows is None else LlamaLayers(model, max_len, norm=norm, add_norm=add_norm)
+        self.wide = None if max_rows is None else LlamaLayers(model, max_len, linear=wide_linear, norm=norm,
+                                                               add_norm=add_norm)
         self.max_rows = max_rows
         self.pool = PagePool(num_pages, page_tokens, max_pages_per_request=-(-max_len // page_tokens))
         self.max_len = min(max_len, self.pool.max_pages_per_request * page_tokens)
         self.attention = attention
         lay = self.layers
-        shape = (len(model.model.layers), num_pages, lay.kv_heads, page_tokens, lay.head_dim)
+        if graph and lay.device.type != "cuda":
+            raise ValueError(f"graph=True needs the model on a CUDA device; it is on {lay.device}")
+        self.use_graph = graph
+        self.spare = num_pages  # one page more than the pool hands out: the padding rows of a graphed step
+        shape = (len(model.model.layers), num_pages + 1, lay.kv_heads, page_tokens, lay.head_dim)
         self.k_pages = torch.zeros(shape, dtype=lay.dtype, device=lay.device)
         self.v_pages = torch.zeros(shape, dtype=lay.dtype, device=lay.device)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor], torch.Tensor]] = {}
+        # one memory pool for every bucket's graph: replays never overlap, and each step's logits are
+        # copied out before the next replay, so the graphs may reuse each other's scratch memory
+        self._graph_pool = torch.cuda.graph_pool_handle() if graph else None
         self._limit: dict[Hashable, int] = {}  # the most tokens each running request may hold
         self._next: dict[Hashable, int] = {}   # the token each running request is fed at the next step
         self.logits: torch.Tensor | None = None  # the last step's, (B, vocab) fp32, rows in ``requests`` order
@@ -153,6 +186,58 @@ class PagedDecoder:
         self._next[request] = int(logits.argmax())
         return logits
 
+    def _rows(self, batch: int) -> int:
+        """The rows a step of ``batch`` requests runs: with graphs, the smallest bucket that holds them."""
+        return next((x for x in BUCKETS if x >= batch), batch) if self.use_graph else batch
+
+    def _inputs(self, requests: Sequence[Hashable], fed: Sequence[int], rows: int, width: int | None
+                ) -> dict[str, torch.Tensor]:
+        """A step's inputs on the host, for ``requests`` (each already extended by the token it is fed)
+        and ``rows - len(requests)`` padding rows: one token at position 0 of the spare page."""
+        page_tokens, pad = self.pool.page_tokens, rows - len(requests)
+        lengths = [self.pool.length(r) for r in requests]  # the new token included
+        pages = [self.pool.pages(r)[(n - 1) // page_tokens] for r, n in zip(requests, lengths)]
+        table = self.pool.block_table(requests, width)
+        return {"fed": torch.tensor(list(fed) + [0] * pad),
+                "pos": torch.tensor([n - 1 for n in lengths] + [0] * pad),
+                "page": torch.tensor(pages + [self.spare] * pad),
+                "row": torch.tensor([(n - 1) % page_tokens for n in lengths] + [0] * pad),
+                "table": torch.cat([table, torch.full((pad, table.shape[1]), self.spare, dtype=table.dtype)]),
+                "lens": torch.tensor(lengths + [1] * pad, dtype=torch.int32)}
+
+    def _decode(self, fed: torch.Tensor, pos: torch.Tensor, page: torch.Tensor, row: torch.Tensor,
+                table: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        """One step's forward from its inputs on the device: the logits (rows, vocab) fp32."""
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            q, _, _ = self._rope_write(i, q, k, v, pos[:, None], page[:, None], row[:, None])
+            return self.attention(q.contiguous(), self.k_pages[i], self.v_pages[i], table, lens)
+
+        return self._forward(fed[:, None], attend)
+
+    def _capture(self, rows: int) -> tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor], torch.Tensor]:
+        """A graph of a ``rows``-row step, its input tensors and its logits; captured on padding rows only,
+        so the warm-up steps write nothing but the spare page."""
+        device = self.layers.device
+        static = {k: t.to(device) for k, t in self._inputs([], [], rows, self.pool.max_pages_per_request).items()}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up outside the graph: lazy initialisation, compilation, workspaces
+                self._decode(**static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):  # records one step without running it
+            logits = self._decode(**static)
+        return graph, static, logits
+
+    @torch.no_grad()
+    def capture_graphs(self, up_to: int = BUCKETS[-1]) -> None:
+        """With ``graph=True``, capture now the step of every bucket up to ``up_to`` rows, so that no later
+        step pays for a capture (without graphs: nothing)."""
+        for rows in BUCKETS:
+            if self.use_graph and rows <= up_to and rows not in self._graphs:
+                self._graphs[rows] = self._capture(rows)
+
     @torch.no_grad()
     def step(self, tokens: Mapping[Hashable, int] | None = None) -> dict[Hashable, int]:
         """Feed every running request its next token (the argmax of its last logits, or ``tokens[request]``
@@ -174,19 +259,20 @@ class PagedDecoder:
                              f"{self.pool.num_pages} are free")
         for r, n in zip(requests, lengths):
             self.pool.extend(r, n + 1)
-        lay = self.layers
-        fed = torch.tensor([(tokens or {}).get(r, self._next[r]) for r in requests], device=lay.device)
-        pos = torch.tensor(lengths, device=lay.device)
-        slots = [self._slots(r, p[None]) for r, p in zip(requests, pos)]
-        page, row = (torch.cat(s)[:, None] for s in zip(*slots))  # (B, 1)
-        table = self.pool.block_table(requests, device=lay.device)
-        lens = self.pool.lengths(requests, device=lay.device)
-
-        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            q, _, _ = self._rope_write(i, q, k, v, pos[:, None], page, row)
-            return self.attention(q.contiguous(), self.k_pages[i], self.v_pages[i], table, lens)
-
-        self.logits = self._forward(fed[:, None], attend)
+        fed = [(tokens or {}).get(r, self._next[r]) for r in requests]
+        b = len(requests)
+        rows = self._rows(b)
+        inputs = self._inputs(requests, fed, rows, self.pool.max_pages_per_request)
+        if self.use_graph and rows in BUCKETS:
+            if rows not in self._graphs:
+                self._graphs[rows] = self._capture(rows)
+            graph, static, logits = self._graphs[rows]
+            for name, t in inputs.items():
+                static[name].copy_(t)
+            graph.replay()
+            self.logits = logits[:b].clone()  # the graph's output is overwritten by its next replay
+        else:
+            self.logits = self._decode(**{k: t.to(self.layers.device) for k, t in inputs.items()})[:b]
         self._next = dict(zip(requests, self.logits.argmax(-1).tolist()))
         return dict(self._next)
 
@@ -230,6 +316,7 @@ def serve(decoder: PagedDecoder, arrivals: Sequence[Arrival], arrival_rate: floa
     final = {i: len(arrivals[i][1]) + arrivals[i][2] for i in order}  # the tokens a request holds at most
     answers: list[list[int]] = [[] for _ in arrivals]
     first, last = [0.0] * len(arrivals), [0.0] * len(arrivals)
+    peak = 0  # the most requests a step ran
     start = clock()
 
     def admissible(i: int) -> bool:
@@ -249,6 +336,7 @@ def serve(decoder: PagedDecoder, arrivals: Sequence[Arrival], arrival_rate: floa
             first[i] = clock() - start
             emit(i, int(logits.argmax()), first[i])
         if decoder.requests:
+            peak = max(peak, len(decoder.requests))
             tokens = decoder.step()
             now = clock() - start
             for i, token in tokens.items():
@@ -262,34 +350,153 @@ def serve(decoder: PagedDecoder, arrivals: Sequence[Arrival], arrival_rate: floa
     tpots = [r["tpot_s"] for r in requests if r["tpot_s"] is not None]
     tokens = sum(len(a) for a in answers)
     summary = {"what": "continuous", "arrival_rate": arrival_rate, "requests": len(arrivals), "tokens": tokens,
+               "peak_batch": peak,
                "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None,
                "ttft_ms": 1e3 * statistics.median(r["ttft_s"] for r in requests) if requests else None,
                "tpot_ms": 1e3 * statistics.median(tpots) if tpots else None}
     return Served(summary, requests, answers)
 
 
-def batch_decode_sweep(model: nn.Module, batches: Sequence[int], context: int, steps: int = 8,
+@torch.no_grad()
+def batched_logits_check(model: nn.Module, prompt_lengths: Sequence[int], total: int, page_tokens: int = PAGE_TOKENS,
+                         seed: int = 0, **decoder_kw) -> dict:
+    """Requests of ``total`` random tokens each, decoded together teacher-forced: each admitted with its
+    own prompt length (so the batch is ragged, and shrinks as requests finish), then fed its own next
+    token every step. Every logit row against the model's own forward over the whole sequence
+    (``decode_bench.relative_error``), beside transformers' own token-by-token decoding of the same
+    tokens (the floor, ``cached_decode_error``); ``ok`` by ``decode_bench.logits_ok``."""
+    from .decode_bench import cached_decode_error, logits_ok, relative_error
+
+    if not prompt_lengths or min(prompt_lengths) < 1 or max(prompt_lengths) >= total:
+        raise ValueError(f"need prompt lengths from 1 to total - 1 = {total - 1}, got {list(prompt_lengths)}")
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(model.config.vocab_size, (len(prompt_lengths), total), generator=generator).to(device)
+    reference = model(tokens).logits.float()
+    per_request = -(-total // page_tokens)
+    dec = PagedDecoder(model, len(prompt_lengths) * per_request, page_tokens, per_request * page_tokens, **decoder_kw)
+    errors = [relative_error(dec.add(r, tokens[r, :p], total - p), reference[r, p - 1])
+              for r, p in enumerate(prompt_lengths)]
+    batches = []
+    while dec.requests:
+        rows = dec.requests
+        batches.append(len(rows))
+        dec.step({r: int(tokens[r, dec.pool.length(r)]) for r in rows})
+        for i, r in enumerate(rows):
+            n = dec.pool.length(r)
+            errors.append(relative_error(dec.logits[i], reference[r, n - 1]))
+            if n == total:
+                dec.finish(r)
+    record = {"what": "batched_logits", "requests": len(prompt_lengths), "total": total,
+              "largest_batch": max(batches), "smallest_batch": min(batches), "graph": dec.use_graph,
+              "logits_max_rel_error": max(errors),
+              "transformers_decode_error": cached_decode_error(model, tokens, reference)}
+    return {**record, "ok": logits_ok(record)}
+
+
+def _random_prompt(model: nn.Module, tokens: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randint(model.config.vocab_size, (tokens,), generator=generator)
+
+
+def batch_decode_sweep(model: nn.Module, batches: Sequence[int], context: int, steps: int = 16,
                        page_tokens: int = PAGE_TOKENS, seed: int = 0, clock: Callable[[], float] = time.perf_counter,
-                       **decoder_kw) -> list[dict]:
-    """Decode tokens/s against batch size: for each batch, that many requests of ``context``-token random
-    prompts prefilled, one step to warm up, then ``steps`` batched steps timed (each step ends reading
-    its tokens on the host, so the device has finished). ``decoder_kw`` goes to :class:`PagedDecoder`
-    (kernels, ``max_rows``)."""
+                       progress: bool = False, **decoder_kw) -> list[dict]:
+    """Decode tokens/s against batch size, on one decoder whose pool holds the largest batch: for each
+    batch, that many requests of ``context``-token random prompts prefilled, one step to warm up (and
+    capture its graph), then ``steps`` steps timed one by one (each ends reading its tokens on the host,
+    so the device has finished), and the requests finished. ``step_ms``: the median step; ``tokens_per_s``:
+    batch over it. ``decoder_kw`` goes to :class:`PagedDecoder` (kernels, ``max_rows``, ``graph``)."""
     if context < 1 or steps < 1 or not batches or min(batches) < 1:
         raise ValueError(f"need context, steps and batches >= 1, got {context}, {steps}, {list(batches)}")
     generator = torch.Generator().manual_seed(seed)
+    per_request = -(-(context + steps + 1) // page_tokens)
+    dec = PagedDecoder(model, max(batches) * per_request, page_tokens, per_request * page_tokens, **decoder_kw)
+    from tqdm.auto import tqdm
+
     records = []
-    for batch in batches:
-        per_request = -(-(context + steps + 1) // page_tokens)
-        dec = PagedDecoder(model, batch * per_request, page_tokens, per_request * page_tokens, **decoder_kw)
+    for batch in tqdm(batches, desc=f"batches at {context} tokens", disable=not progress, leave=False):
         for r in range(batch):
-            dec.add(r, torch.randint(model.config.vocab_size, (context,), generator=generator), steps + 1)
-        dec.step()  # warm-up: compilation, autotuning
-        start = clock()
+            dec.add(r, _random_prompt(model, context, generator), steps + 1)
+        dec.step()  # warm-up: compilation, the graph's capture
+        seconds = []
         for _ in range(steps):
+            start = clock()
             dec.step()
-        seconds = clock() - start
+            seconds.append(clock() - start)
+        for r in range(batch):
+            dec.finish(r)
+        step_s = statistics.median(seconds)
         records.append({"what": "batch_decode", "batch": batch, "context": context, "steps": steps,
-                        "seconds": seconds,
-                        "tokens_per_s": batch * steps / seconds if seconds > 0 else None})
+                        "graph": dec.use_graph, "step_ms": 1e3 * step_s,
+                        "step_ms_min": 1e3 * min(seconds), "step_ms_max": 1e3 * max(seconds),
+                        "tokens_per_s": batch / step_s if step_s > 0 else None})
     return records
+
+
+def dataset_requests(prompt_lengths: Sequence[int], lengths: Sequence[int], n: int, seed: int = 0
+                     ) -> list[tuple[int, int]]:
+    """``n`` (prompt, answer) token counts drawn without replacement from a data set's texts (each text's
+    prompt is its ``[INST] ... [/INST]`` part, ``lengths`` the whole texts')."""
+    if len(prompt_lengths) != len(lengths) or not 1 <= n <= len(lengths):
+        raise ValueError(f"need as many prompt lengths as lengths and 1 <= n <= {len(lengths)}, got "
+                         f"{len(prompt_lengths)}, {len(lengths)} and n = {n}")
+    order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed))[:n].tolist()
+    return [(prompt_lengths[i], lengths[i] - prompt_lengths[i]) for i in order]
+
+
+def poisson_arrivals(requests: Sequence[tuple[int, int]], rate: float, vocab_size: int, seed: int = 0
+                     ) -> list[Arrival]:
+    """Arrivals of ``requests`` ((prompt, answer) token counts, in order) as a Poisson process of ``rate``
+    requests a second (gaps drawn from an exponential of mean 1 / rate; ``math.inf``: all at once), each
+    prompt random token ids."""
+    if rate <= 0:
+        raise ValueError(f"rate must be > 0 requests a second, got {rate}")
+    generator = torch.Generator().manual_seed(seed)
+    gaps = torch.zeros(len(requests)) if math.isinf(rate) else \
+        torch.empty(len(requests)).exponential_(rate, generator=generator)
+    times = torch.cumsum(gaps, 0).tolist()
+    return [(t, torch.randint(vocab_size, (p,), generator=generator).tolist(), a)
+            for t, (p, a) in zip(times, requests)]
+
+
+def measured_capacity(model: nn.Module, cap_gib: float, context: int, steps: int = 8, page_tokens: int = PAGE_TOKENS,
+                      headroom_gib: float = 2.0, seed: int = 0, **decoder_kw) -> dict:
+    """Requests of ``context``-token prompts that a paged decoder holds and decodes at once under a memory
+    cap of ``cap_gib`` GiB (CUDA only; the CUDA context counted in, as notebook 06's caps do): the pool
+    gets the pages that fit in what the cap leaves beside what is allocated now (the weights) and
+    ``headroom_gib`` (a step's activations, the graphs, the logits); as many requests are added as the
+    pool holds with their prompts and ``steps`` new tokens, then all of them decode ``steps`` steps under
+    the cap. A ``capacity`` record (``measured`` True) with the step's time and tokens/s."""
+    from .finetune.memory_caps import GiB, apply_cap, context_bytes
+
+    if steps < 2:
+        raise ValueError(f"steps must be >= 2 (one warms up), got {steps}")
+    lay = LlamaLayers(model, 1)
+    page_bytes = 2 * len(model.model.layers) * lay.kv_heads * page_tokens * lay.head_dim * lay.dtype.itemsize
+    left = cap_gib * GiB - context_bytes() - torch.cuda.memory_allocated() - headroom_gib * GiB
+    per_request = -(-(context + steps + 1) // page_tokens)
+    num_pages = int(left // page_bytes)
+    if num_pages < per_request:
+        raise ValueError(f"a cap of {cap_gib} GiB leaves {left / GiB:.2f} GiB for the cache: not one request of "
+                         f"{context} tokens")
+    generator = torch.Generator().manual_seed(seed)
+    torch.cuda.reset_peak_memory_stats()
+    apply_cap(cap_gib)
+    try:
+        dec = PagedDecoder(model, num_pages, page_tokens, per_request * page_tokens, **decoder_kw)
+        for r in range(num_pages // per_request):  # each holds its pages for every step to come
+            dec.add(r, _random_prompt(model, context, generator), steps + 1)
+        dec.step()  # warm-up: the graph's capture
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(steps - 1):
+            dec.step()
+        seconds = (time.perf_counter() - start) / (steps - 1)
+        requests = len(dec.requests)
+        peak_gib = torch.cuda.max_memory_reserved() / GiB
+        del dec
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    return {"what": "capacity", "cap_gib": cap_gib, "context": context, "page_tokens": page_tokens,
+            "requests": requests, "measured": True, "pages": num_pages, "step_ms": 1e3 * seconds,
+            "tokens_per_s": requests / seconds, "peak_reserved_gib": peak_gib}

@@ -69,3 +69,13 @@ def test_bad_batch_arguments(kwargs, match):
     args = {"batch_size": 2, "steps": 1, **kwargs}
     with pytest.raises(ValueError, match=match):
         data.make_batches([[1, 2, 3]] * 6, **args)
+
+
+def test_prompt_lengths_count_the_tokens_up_to_the_end_of_the_prompt(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    prepared = data.prepare(60, vocab_size=2000)
+    texts, _ = data.load_texts(60)
+    tok = data.train_tokenizer(texts, 2000)
+    for ids, p, text in zip(prepared.token_ids, prepared.prompt_lengths, texts):
+        assert 1 <= p < len(ids)
+        assert tok.decode(ids[:p]).endswith(data.END_OF_PROMPT) and data.END_OF_PROMPT not in tok.decode(ids[p:])

@@ -186,4 +186,100 @@ def test_batch_decode_sweep_records(model):
     records = batch_decode_sweep(model, [1, 3], context=5, steps=2, page_tokens=4, clock=lambda: next(ticks),
                                  attention=torch_paged_attention)
     assert [(r["what"], r["batch"], r["context"]) for r in records] == [("batch_decode", 1, 5), ("batch_decode", 3, 5)]
-    assert [r["tokens_per_s"] for r in records] == [2 / 1, 6 / 1]  # one fake second for the two timed steps
+    assert [r["tokens_per_s"] for r in records] == [1.0, 3.0]  # one fake second a step: the batch's tokens a second
+    assert [r["step_ms"] for r in records] == [1000.0, 1000.0]
+
+
+def test_padding_rows_change_no_request_and_write_only_the_spare_page(model):
+    """A graphed step pads the batch up to its bucket; here the padding runs without a graph (on the CPU)."""
+    prompts = {"a": _prompt(5, 0), "b": _prompt(9, 1)}
+    plain = PagedDecoder(model, num_pages=8, page_tokens=4, max_len=16, attention=torch_paged_attention)
+    padded = PagedDecoder(model, num_pages=8, page_tokens=4, max_len=16, attention=torch_paged_attention)
+    padded._rows = lambda batch: batch + 3
+    for dec in (plain, padded):
+        for r, p in prompts.items():
+            dec.add(r, p, 4)
+    for _ in range(3):
+        assert plain.step() == padded.step()
+        assert padded.logits.shape == plain.logits.shape and _close(padded.logits, plain.logits)
+    spare = padded.spare
+    assert torch.equal(padded.k_pages[:, :spare], plain.k_pages[:, :spare])
+    assert padded.k_pages[:, spare].abs().sum() > 0 and plain.k_pages[:, spare].abs().sum() == 0
+
+
+def test_batched_check_covers_the_wide_path_and_holds(model):
+    """Past ``max_rows`` rows every projection goes through the dequantised weight (here: past one row)."""
+    from helpers.paged_decoder import batched_logits_check, course_kernels
+
+    record = batched_logits_check(model, [3, 5], 8, page_tokens=4, **{**course_kernels(), "max_rows": 1})
+    assert record["ok"] and (record["largest_batch"], record["smallest_batch"]) == (2, 1)
+    with pytest.raises(ValueError, match="prompt lengths from 1 to total - 1 = 7"):
+        batched_logits_check(model, [3, 8], 8)
+
+
+def test_a_wrong_wide_path_fails_the_batched_check(model):
+    wrong = {"max_rows": 1, "wide_linear": lambda x, module: 1.1 * module(x)}
+    from helpers.paged_decoder import batched_logits_check
+
+    assert not batched_logits_check(model, [3, 5], 8, page_tokens=4, **wrong)["ok"]
+
+
+def test_poisson_arrivals_and_dataset_requests():
+    from helpers.paged_decoder import dataset_requests, poisson_arrivals
+
+    pairs = dataset_requests([2, 3, 4, 5] * 100, [9, 10, 12, 20] * 100, 400, seed=3)
+    assert sorted(pairs) == sorted([(2, 7), (3, 7), (4, 8), (5, 15)] * 100)  # every text once, prompt + answer = length
+    arrivals = poisson_arrivals(pairs, rate=20.0, vocab_size=50, seed=1)
+    times = [t for t, _, _ in arrivals]
+    assert times == sorted(times) and 0.8 < len(times) / times[-1] / 20.0 < 1.2  # about 20 a second
+    assert [(len(p), a) for _, p, a in arrivals] == pairs and max(max(p) for _, p, _ in arrivals) < 50
+    assert {t for t, _, _ in poisson_arrivals(pairs[:5], float("inf"), 50)} == {0.0}
+    with pytest.raises(ValueError, match="rate must be > 0"):
+        poisson_arrivals(pairs, 0.0, 50)
+    with pytest.raises(ValueError, match="1 <= n <= 4"):
+        dataset_requests([1, 2, 3, 4], [5, 6, 7, 8], 5)
+
+
+def test_graphs_need_a_gpu(model):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: gpu_tests cover the graphs")
+    with pytest.raises(ValueError, match="graph=True needs the model on a CUDA device"):
+        PagedDecoder(model, num_pages=4, graph=True)
+
+
+@pytest.fixture(scope="module")
+def gpu_model():
+    model, _ = build_model("tiny", "cuda", vocab_size=256, seed=1)
+    return model.eval()
+
+
+@pytest.mark.gpu
+def test_graphed_steps_equal_eager_steps_across_buckets(gpu_model):
+    """Five requests (bucket 8, three padding rows), then one finishes (bucket 4), then a new one joins."""
+    from helpers.paged_decoder import course_kernels
+
+    decoders = [PagedDecoder(gpu_model, num_pages=40, page_tokens=4, max_len=32, graph=g, **course_kernels())
+                for g in (False, True)]
+    for dec in decoders:
+        for r in range(5):
+            dec.add(r, _prompt(3 + 2 * r, r).cuda(), 12)
+    for step in range(8):
+        if step == 3:
+            for dec in decoders:
+                dec.finish(0)
+        if step == 5:
+            for dec in decoders:
+                dec.add("late", _prompt(6, 9).cuda(), 6)
+        eager, graphed = (dec.step() for dec in decoders)
+        assert eager == graphed
+        assert _close(decoders[1].logits, decoders[0].logits)
+    assert sorted(decoders[1]._graphs) == [4, 8]
+
+
+@pytest.mark.gpu
+def test_measured_capacity_fills_the_pool_under_the_cap(gpu_model):
+    from helpers.paged_decoder import measured_capacity
+
+    record = measured_capacity(gpu_model, 2.0, context=20, steps=3, page_tokens=4, headroom_gib=0.5)
+    assert record["measured"] and record["requests"] == record["pages"] // 6  # 24 tokens: 6 pages a request
+    assert record["peak_reserved_gib"] <= 2.0 and record["tokens_per_s"] > 0

@@ -72,6 +72,9 @@ def docstring_pool() -> list[tuple[str, str]]:
     return pool
 
 
+END_OF_PROMPT = "[/INST]"  # where a chat text's prompt ends and its answer begins
+
+
 def _chat(question: str, answer: str) -> str:
     return f"<s>[INST] {question} [/INST] {answer} </s>"
 
@@ -168,6 +171,7 @@ class TokenizedData:
     text_source: str
     tokenizer_source: str
     char_lengths: list[int]
+    prompt_lengths: list[int] | None = None  # tokens of each text's "<s>[INST] ... [/INST]" (None: not counted)
 
     def save(self, path: Path) -> Path:
         path = Path(path)
@@ -193,7 +197,10 @@ def prepare(n: int = N_TEXTS, vocab_size: int = 32000, seed: int = 0) -> Tokeniz
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     if max(max(t) for t in ids) >= vocab_size:
         raise ValueError(f"the tokenizer produced ids >= vocab_size {vocab_size}")
-    return TokenizedData(ids, vocab_size, text_source, tokenizer_source, [len(t) for t in texts])
+    prompts = tokenizer([t[:t.index(END_OF_PROMPT) + len(END_OF_PROMPT)] if END_OF_PROMPT in t else t for t in texts],
+                        add_special_tokens=False)["input_ids"]
+    return TokenizedData(ids, vocab_size, text_source, tokenizer_source, [len(t) for t in texts],
+                         [min(len(p), len(t) - 1) for p, t in zip(prompts, ids)])
 
 
 def make_batches(token_ids: list[list[int]], batch_size: int, steps: int, max_len: int | None = None,

@@ -202,9 +202,10 @@ def _oom_below(point: PointSpec, done: dict[str, list[dict]]) -> PointSpec | Non
 
 
 def data_file(scale: str = SCALE) -> Path:
-    """The tokenized data every point reads; prepared once, then reused."""
+    """The tokenized data every point reads; prepared once, then reused (prepared again if it predates the
+    prompts' lengths)."""
     path = results.REPO_ROOT / "build" / "finetune-data" / f"{scale}.json"
-    if not path.exists():
+    if not path.exists() or TokenizedData.load(path).prompt_lengths is None:
         prepare().save(path)
     return path
 
