@@ -375,21 +375,23 @@ def batched_logits_check(model: nn.Module, prompt_lengths: Sequence[int], total:
     reference = model(tokens).logits.float()
     per_request = -(-total // page_tokens)
     dec = PagedDecoder(model, len(prompt_lengths) * per_request, page_tokens, per_request * page_tokens, **decoder_kw)
-    errors = [relative_error(dec.add(r, tokens[r, :p], total - p), reference[r, p - 1])
-              for r, p in enumerate(prompt_lengths)]
+    errors = {"prefill": [relative_error(dec.add(r, tokens[r, :p], total - p), reference[r, p - 1])
+                          for r, p in enumerate(prompt_lengths)], "steps": [], "wide steps": []}
     batches = []
     while dec.requests:
         rows = dec.requests
         batches.append(len(rows))
         dec.step({r: int(tokens[r, dec.pool.length(r)]) for r in rows})
+        wide = dec.max_rows is not None and dec._rows(len(rows)) > dec.max_rows
         for i, r in enumerate(rows):
             n = dec.pool.length(r)
-            errors.append(relative_error(dec.logits[i], reference[r, n - 1]))
+            errors["wide steps" if wide else "steps"].append(relative_error(dec.logits[i], reference[r, n - 1]))
             if n == total:
                 dec.finish(r)
+    largest = {f"max_rel_error_{k.replace(' ', '_')}": max(v, default=None) for k, v in errors.items()}
     record = {"what": "batched_logits", "requests": len(prompt_lengths), "total": total,
               "largest_batch": max(batches), "smallest_batch": min(batches), "graph": dec.use_graph,
-              "logits_max_rel_error": max(errors),
+              "logits_max_rel_error": max(x for x in largest.values() if x is not None), **largest,
               "transformers_decode_error": cached_decode_error(model, tokens, reference)}
     return {**record, "ok": logits_ok(record)}
 
@@ -444,15 +446,15 @@ def dataset_requests(prompt_lengths: Sequence[int], lengths: Sequence[int], n: i
     return [(prompt_lengths[i], lengths[i] - prompt_lengths[i]) for i in order]
 
 
-def poisson_arrivals(requests: Sequence[tuple[int, int]], rate: float, vocab_size: int, seed: int = 0
+def poisson_arrivals(requests: Sequence[tuple[int, int]], rate: float | None, vocab_size: int, seed: int = 0
                      ) -> list[Arrival]:
     """Arrivals of ``requests`` ((prompt, answer) token counts, in order) as a Poisson process of ``rate``
-    requests a second (gaps drawn from an exponential of mean 1 / rate; ``math.inf``: all at once), each
-    prompt random token ids."""
-    if rate <= 0:
-        raise ValueError(f"rate must be > 0 requests a second, got {rate}")
+    requests a second (gaps drawn from an exponential of mean 1 / rate; None: all at once), each prompt
+    random token ids."""
+    if rate is not None and not 0 < rate < math.inf:
+        raise ValueError(f"rate must be > 0 and finite requests a second (None: all at once), got {rate}")
     generator = torch.Generator().manual_seed(seed)
-    gaps = torch.zeros(len(requests)) if math.isinf(rate) else \
+    gaps = torch.zeros(len(requests)) if rate is None else \
         torch.empty(len(requests)).exponential_(rate, generator=generator)
     times = torch.cumsum(gaps, 0).tolist()
     return [(t, torch.randint(vocab_size, (p,), generator=generator).tolist(), a)
