@@ -189,6 +189,26 @@ def _pacing(res: results.Result) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _serving(res: results.Result) -> list[tuple[str, str, str]]:
+    rows = []
+    paged = {(r["batch"], r["context"]): r["ms"] for r in res.where(what="kernel", impl="paged", heads=32, kv_heads=32)}
+    contiguous = {(r["batch"], r["context"]): r["ms"]
+                  for r in res.where(what="kernel", impl="contiguous", heads=32, kv_heads=32)}
+    if paged:
+        speed = [contiguous[k] / paged[k] for k in paged if k in contiguous]
+        rows.append(("paged decode attention (Triton), 7B's heads, batch 1-64, 512-4,096 tokens",
+                     f"{min(speed):.2f}-{max(speed):.2f}x the contiguous kernel's speed",
+                     "equal lengths, pages in random order"))
+    sweep = {(r["batch"], r["context"]): r["tokens_per_s"] for r in res.where(what="batch_decode")}
+    if (64, 512) in sweep and (1, 512) in sweep:
+        best = max(sweep, key=sweep.get)
+        rows.append(("batched decoding, 7B nf4, paged cache, 64 requests of 512 tokens",
+                     f"{sweep[(64, 512)]:,.0f} tokens/s",
+                     f"{sweep[(64, 512)] / sweep[(1, 512)]:.1f}x batch 1; {sweep[best]:,.0f} tokens/s at batch "
+                     f"{best[0]}, {best[1]} tokens"))
+    return rows
+
+
 def _two_gpus(res: results.Result, spec: specs.GpuSpec | None) -> list[tuple[str, str, str]]:
     rows = []
     train = [r for r in res.records if r.get("kind") == "train"]
@@ -291,6 +311,7 @@ def table_rows(gpu: str = "h200") -> tuple[list[Row], list[str]]:
                 ("decode", _load("decode", gpu), _decode, "07"),
                 ("finetune_kernels", _load("finetune_kernels", gpu), _train_kernels, "07"),
                 ("qlora_pacing", _load("qlora_pacing", gpu), _pacing, "07"),
+                ("serving", _load("serving", gpu), _serving, "09"),
                 (f"{gpu}x2/fsdp", _load("fsdp", f"{gpu}x2"), lambda r: _two_gpus(r, spec), "08")]
     rows, sources = [], []
     for topic, res, make, nb in sections:
