@@ -23,6 +23,7 @@ from typing import Callable, Hashable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm.auto import tqdm
 
 from .decode import AddNorm, Linear, LinearGroup, LlamaLayers, Norm, SwigluLinear, module_linear, rotate, torch_rms_norm
 from .kernels.nf4_dequant import dequant_linear
@@ -413,8 +414,6 @@ def batch_decode_sweep(model: nn.Module, batches: Sequence[int], context: int, s
     generator = torch.Generator().manual_seed(seed)
     per_request = -(-(context + steps + 1) // page_tokens)
     dec = PagedDecoder(model, max(batches) * per_request, page_tokens, per_request * page_tokens, **decoder_kw)
-    from tqdm.auto import tqdm
-
     records = []
     for batch in tqdm(batches, desc=f"batches at {context} tokens", disable=not progress, leave=False):
         for r in range(batch):

@@ -4,8 +4,10 @@ import torch
 
 import helpers  # noqa: F401  (first: sets the Triton interpreter up on a machine without a GPU)
 from helpers.decode import Decoder
+from helpers.finetune.memory_caps import GiB, context_bytes
 from helpers.finetune.models import build_model
-from helpers.paged_decoder import PagedDecoder, batch_decode_sweep, serve, torch_paged_attention
+from helpers.paged_decoder import (PagedDecoder, batch_decode_sweep, batched_logits_check, course_kernels,
+                                   dataset_requests, measured_capacity, poisson_arrivals, serve, torch_paged_attention)
 from helpers.serving import OutOfPages
 
 # bf16 activations, a prompt's forward at once against one token at a time: about 1e-2 of the largest logit;
@@ -209,8 +211,6 @@ def test_padding_rows_change_no_request_and_write_only_the_spare_page(model):
 
 def test_batched_check_covers_the_wide_path_and_holds(model):
     """Past ``max_rows`` rows every projection goes through the dequantised weight (here: past one row)."""
-    from helpers.paged_decoder import batched_logits_check, course_kernels
-
     record = batched_logits_check(model, [3, 5], 8, page_tokens=4, **{**course_kernels(), "max_rows": 1})
     assert record["ok"] and (record["largest_batch"], record["smallest_batch"]) == (2, 1)
     assert record["max_rel_error_wide_steps"] is not None and record["max_rel_error_steps"] is not None
@@ -220,14 +220,11 @@ def test_batched_check_covers_the_wide_path_and_holds(model):
 
 def test_a_wrong_wide_path_fails_the_batched_check(model):
     wrong = {"max_rows": 1, "wide_linear": lambda x, module: 1.1 * module(x)}
-    from helpers.paged_decoder import batched_logits_check
 
     assert not batched_logits_check(model, [3, 5], 8, page_tokens=4, **wrong)["ok"]
 
 
 def test_poisson_arrivals_and_dataset_requests():
-    from helpers.paged_decoder import dataset_requests, poisson_arrivals
-
     pairs = dataset_requests([2, 3, 4, 5] * 100, [9, 10, 12, 20] * 100, 400, seed=3)
     assert sorted(pairs) == sorted([(2, 7), (3, 7), (4, 8), (5, 15)] * 100)  # every text once, prompt + answer = length
     arrivals = poisson_arrivals(pairs, rate=20.0, vocab_size=50, seed=1)
@@ -258,8 +255,6 @@ def gpu_model():
 @pytest.mark.gpu
 def test_graphed_steps_equal_eager_steps_across_buckets(gpu_model):
     """Five requests (bucket 8, three padding rows), then one finishes (bucket 4), then a new one joins."""
-    from helpers.paged_decoder import course_kernels
-
     decoders = [PagedDecoder(gpu_model, num_pages=40, page_tokens=4, max_len=32, graph=g, **course_kernels())
                 for g in (False, True)]
     for dec in decoders:
@@ -280,13 +275,9 @@ def test_graphed_steps_equal_eager_steps_across_buckets(gpu_model):
 
 @pytest.mark.gpu
 def test_measured_capacity_fills_the_pool_under_the_cap(gpu_model):
-    from helpers.paged_decoder import measured_capacity
-
-    from helpers.finetune.memory_caps import GiB, context_bytes
-
     cfg = gpu_model.config
     head_dim = cfg.hidden_size // cfg.num_attention_heads
-    page_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * 4 * head_dim * 2  # K and V, 4 tokens, bf16
+    page_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * 4 * head_dim * gpu_model.dtype.itemsize  # K, V
     # a headroom that leaves about 300 pages (50 requests of 24 tokens, 6 pages each) for the pool
     headroom = (2 * GiB - context_bytes() - torch.cuda.memory_allocated() - 300 * page_bytes) / GiB
     record = measured_capacity(gpu_model, 2.0, context=20, steps=3, page_tokens=4, headroom_gib=headroom)
