@@ -94,7 +94,7 @@ def logits_error(model: nn.Module, variant: str, tokens: torch.Tensor, reference
     """Error of a variant's teacher-forced logits over every position of ``tokens`` (B, T) against
     ``reference``, the model's own forward over the whole sequence (fp32 logits)."""
     return relative_error(decoder(model, variant, tokens.shape[1], tokens.shape[0]).teacher_forced(tokens),
-                           reference)
+                          reference)
 
 
 @torch.no_grad()

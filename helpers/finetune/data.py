@@ -76,7 +76,7 @@ END_OF_PROMPT = "[/INST]"  # where a chat text's prompt ends and its answer begi
 
 
 def _chat(question: str, answer: str) -> str:
-    return f"<s>[INST] {question} [/INST] {answer} </s>"
+    return f"<s>[INST] {question} {END_OF_PROMPT} {answer} </s>"
 
 
 def standin_texts(n: int = N_TEXTS, seed: int = 0) -> list[str]:
