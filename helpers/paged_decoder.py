@@ -31,6 +31,7 @@ from .kernels.nf4_gemv import nf4_operands
 from .kernels.paged_decode_attention import paged_decode_attention
 from .serving import PAGE_TOKENS, OutOfPages, PagePool, paged_reference
 
+NF4_ROWS = 16  # the rows a step sends through the nf4 kernels; more go through the dequantised weights
 BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)  # batch sizes a CUDA graph is captured for
 
 # (q (B, H, 1, D), k_pages, v_pages (num_pages, H_kv, page_tokens, D), block_table (B, W), lengths (B,)) -> (B, H, 1, D)
@@ -55,14 +56,17 @@ def dequant_nf4_linear(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
     return dequant_linear(x, nf4_operands(module.weight), module.bias)
 
 
-def course_kernels() -> dict:
+def course_kernels(max_rows: int = NF4_ROWS) -> dict:
     """The hooks of notebook 07's fastest rung for a :class:`PagedDecoder` (nf4 kernels, fused RMSNorm,
-    SwiGLU and residual add), and past ``nf4_gemv.MAX_M`` rows the weights dequantised once a step."""
+    SwiGLU and residual add) up to ``max_rows`` rows (at most ``nf4_gemv.MAX_M``), and past them the
+    weights dequantised once a step."""
     from .decode_bench import VARIANTS, rung_kernels
     from .kernels.nf4_gemv import MAX_M
 
+    if not 1 <= max_rows <= MAX_M:
+        raise ValueError(f"max_rows must be 1 ... {MAX_M} (the nf4 kernels' rows), got {max_rows}")
     hooks = {k: v for k, v in rung_kernels(VARIANTS[-1]).items() if k not in ("rope", "attention")}
-    return {**hooks, "max_rows": MAX_M, "wide_linear": dequant_nf4_linear}
+    return {**hooks, "max_rows": max_rows, "wide_linear": dequant_nf4_linear}
 
 
 def _heads(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import helpers  # noqa: F401  (first: sets the Triton interpreter up on a machine without a GPU)
-from helpers.kernels.decode_attention import decode_attention
-from helpers.kernels.paged_decode_attention import check_block_table, gather_pages, paged_decode_attention
+from helpers.kernels.decode_attention import BLOCK_T, MAX_SPLITS, decode_attention
+from helpers.kernels.paged_decode_attention import (check_block_table, default_splits, gather_pages,
+                                                    paged_decode_attention)
 from helpers.serving import PagePool, paged_reference, random_block_table, to_pages
 from numerics import rel_err
 
@@ -159,9 +160,19 @@ def test_the_last_slice_to_finish_merges_whatever_the_order(program_order, poiso
     assert rel_err(in_order, reference(q, k_pages, v_pages, table, lens)) < TOL[torch.float32]
 
 
+def test_default_splits_fill_the_gpu_and_no_more():
+    """One request of a long context is split; a batch that fills the GPU by itself is not; a slice holds
+    at least one loop step and there are at most MAX_SPLITS."""
+    cpu = torch.device("cpu")
+    assert default_splits(32, 4096, cpu) > 1
+    assert default_splits(64 * 32, 4096, cpu) == 1
+    assert default_splits(1, 2 * BLOCK_T, cpu) == 2
+    assert default_splits(1, 1 << 20, cpu) == MAX_SPLITS
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_at_llama_shapes_and_replayed_in_a_cuda_graph():
-    """Llama-2 7B's heads in bf16, a ragged batch up to the whole context (16 slices a head), the kernel
+    """Llama-2 7B's heads in bf16, a ragged batch up to the whole context (split along it), the kernel
     captured once in a CUDA graph and replayed after the lengths change in place: it reads them from the
     device, as a graphed decoder needs."""
     page, hkv, d, width = 16, 32, 128, 4096 // 16
