@@ -284,13 +284,22 @@ def run_ptx(ptx: str, inputs: dict[str, int]) -> dict[str, int]:
             reg[a[0]] = val(a[1])
         elif op == "fma.rn.f32":
             reg[a[0]] = _bits32(_f32(val(a[1])) * _f32(val(a[2])) + _f32(val(a[3])))
+        elif op == "mul.rn.f32":  # the product of two fp32 is exact in float64: one rounding, to fp32
+            reg[a[0]] = _bits32(_f32(val(a[1])) * _f32(val(a[2])))
+        elif op == "cvt.f32.f16":
+            reg[a[0]] = _bits32(float(torch.tensor([val(a[1])], dtype=torch.int32).to(torch.int16)
+                                      .view(torch.float16)))
+        elif op == "cvt.rn.bf16x2.f32" and a[1] != a[2]:  # a pair: the first source to the upper half
+            hi, lo = (int(torch.tensor([_f32(val(x))]).to(torch.bfloat16).view(torch.int16)) & 0xFFFF
+                      for x in a[1:])
+            reg[a[0]] = (hi << 16) | lo
         elif op not in SKIPPED and not op.startswith((".reg", "{", "}")) and op:
             raise AssertionError(f"the emulator does not know {op!r}")
     return reg
 
 
-# the scale's conversion and multiply (the tests feed a scale of 1), and the -0 the bf16 multiply adds
-SKIPPED = {"cvt.rn.bf16x2.f32", "cvt.rn.f16x2.f32", "mul.rn.f16x2", "fma.rn.bf16x2", "mov.b32"}
+# the fp16 path's scale conversion and multiply (its test feeds a scale of 1)
+SKIPPED = {"cvt.rn.f16x2.f32", "mul.rn.f16x2"}
 
 
 def _storage_codes(word: int) -> list[int]:
@@ -306,11 +315,17 @@ WORDS += [0x76543210, 0xFEDCBA98, 0, 0xFFFFFFFF]  # every code in every position
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_dequant_ptx_looks_up_every_code_in_storage_order(dtype):
-    bits, ptx = _bits16(dtype), K._dequant_ptx(dtype)
-    planes = {f"${10 + i}": p for i, p in enumerate(byte_planes(dtype))}
-    for word in WORDS:
-        out = run_ptx(ptx, {"$8": word, **planes})
-        assert [out[f"${i}"] for i in range(8)] == [bits[c] for c in _storage_codes(word)]
+    """The table in fp16; for bf16 each value times the fp32 scale in fp32, rounded once to bf16."""
+    ptx = K._dequant_ptx(dtype)
+    planes = {f"${10 + i}": p for i, p in enumerate(byte_planes(torch.float16))}
+    table = BF.get_4bit_type("nf4", device="cpu").to(torch.float16).float()
+    for scale in (1.0, 0.0371, 3.3e-3) if dtype == torch.bfloat16 else (1.0,):
+        scale = _f32(_bits32(scale))
+        bits = (_bits16(torch.float16) if dtype == torch.float16 else
+                ((table * scale).to(torch.bfloat16).view(torch.int16).int() & 0xFFFF).tolist())
+        for word in WORDS:
+            out = run_ptx(ptx, {"$8": word, "$9": _bits32(scale), **planes})
+            assert [out[f"${i}"] for i in range(8)] == [bits[c] for c in _storage_codes(word)]
 
 
 def test_row_table_is_within_half_a_bf16_step():

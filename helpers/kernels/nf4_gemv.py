@@ -40,9 +40,12 @@ eight weights of a word (the 16-entry table rides along in eight registers as by
   table to within half a bf16 step, the precision of the bf16 result). x is widened to fp32 where it
   is loaded, once per value, not once per use. The compiled loop (sm_90): 5.6-6.1 instructions per
   weight, against 6.5-7.7 with an fp16 table and x widened per use.
-* 1 < M <= ``MAX_M``, and one fp16 row: the weights times their scale in x's dtype (``_dequant_ptx``:
-  one packed multiply per pair; the table rounded to x's dtype, so a weight may differ from
-  ``dequantize_4bit``'s by one rounding) fed to ``tl.dot`` (tensor cores; M padded to 16, 32 or 64
+* 1 < M <= ``MAX_M``, and one fp16 row: the weights times their scale, in x's dtype (``_dequant_ptx``),
+  the table held in fp16 (within 2^-12 of each nf4 value). bf16 x: each weight times its fp32 scale in
+  fp32, rounded once to bf16, as ``dequantize_4bit`` rounds it (a weight differs from bitsandbytes' only where
+  the product lies within the table's 2^-12 of a rounding boundary); a bf16 table and a bf16 scale
+  multiplied in bf16 would round three times and put 1.5x bitsandbytes' error into every weight.
+  fp16 x: one packed fp16 multiply per pair. The weights are fed to ``tl.dot`` (tensor cores; M padded to 16, 32 or 64
   rows), fp32 accumulation: at 16 rows a CUDA-core loop would need ~300 TFLOP/s of fp32 to keep up
   with HBM.
 
@@ -122,18 +125,27 @@ _F32 = ("0x40cc", "0x51dd", "0x62ee", "0x73ff")
 def _dequant_ptx(dtype: torch.dtype) -> str:
     """PTX for one 32-bit word of packed codes (``$8``) and its block's scale (``$9``, fp32): its eight
     weights in ``dtype`` (fp16 or bf16), ``$0`` ... ``$7`` in storage order (element 2j is the high nibble
-    of byte j); ``$10`` ... ``$17``: the table in ``dtype`` (byte planes). One packed multiply by the
-    scale per pair of weights."""
-    kind = {torch.bfloat16: "bf16x2", torch.float16: "f16x2"}[dtype]
-    # the scale: one packed multiply (bf16x2 has no mul before sm_90: a fused multiply-add of -0, one rounding)
-    scale = "mul.rn.f16x2 p, p, sc;" if dtype == torch.float16 else "fma.rn.bf16x2 p, p, sc, nz;"
+    of byte j); ``$10`` ... ``$17``: the table in fp16 (byte planes). fp16: one packed multiply by the
+    scale (rounded to fp16) per pair of weights. bf16: each table value widened to fp32, times the fp32
+    scale, the pair rounded once to bf16 (``dequantize_4bit``'s rounding; a bf16 table and scale
+    multiplied in bf16 would round each weight three times)."""
+    if dtype == torch.float16:
+        def scaled(half: int, j: int) -> str:
+            return " mul.rn.f16x2 p, p, sc;"
+        head = "\n cvt.rn.f16x2.f32 sc, $9, $9;"
+    else:
+        def scaled(half: int, j: int) -> str:
+            return (" mov.b32 {h0, h1}, p;\n cvt.f32.f16 f0, h0;\n cvt.f32.f16 f1, h1;\n mul.rn.f32 f0, f0, $9;"
+                    "\n mul.rn.f32 f1, f1, $9;\n cvt.rn.bf16x2.f32 p, f1, f0;")
+        head = ""
+    # p: two fp16 table values (low half: the first in storage order), made two weights in place
 
     def store(half: int) -> str:
-        return "".join(f"\n prmt.b32 p, lo, hi, {pair};\n {scale}\n mov.b32 {{${4 * half + 2 * j}, "
+        return "".join(f"\n prmt.b32 p, lo, hi, {pair};\n{scaled(half, j)}\n mov.b32 {{${4 * half + 2 * j}, "
                        f"${4 * half + 2 * j + 1}}}, p;" for j, pair in enumerate(_PAIRS))
 
-    return ("{\n .reg .b32 s, t, m, a, b, lo, hi, p, sc, nz;\n mov.b32 nz, 0x80008000;\n cvt.rn." + kind
-            + ".f32 sc, $9, $9;" + _lookup_ptx("$8", [f"${i}" for i in range(10, 18)], store) + "\n}")
+    return ("{\n .reg .b32 s, t, m, a, b, lo, hi, p, sc;\n .reg .b16 h0, h1;\n .reg .f32 f0, f1;" + head
+            + _lookup_ptx("$8", [f"${i}" for i in range(10, 18)], store) + "\n}")
 
 
 def _dot_ptx() -> str:
@@ -200,8 +212,8 @@ def _codes(word):
 def _dequant_words(word, scale, CODE, planes, DTYPE: tl.constexpr, ASM: tl.constexpr):
     """The weights of ``word`` ([BLOCK_N, WORDS] int32 words of packed codes) times ``scale`` (fp32,
     same shape), in DTYPE, as [..., 2, 2, 2] (see ``_join8``). ASM: the PTX above (fp16, bf16 on a GPU)
-    with ``planes`` (the eight ``_plane`` words in DTYPE); else a 16-entry table lookup per weight with
-    the same roundings (the interpreter, and fp32 results)."""
+    with ``planes`` (the eight ``_plane`` words of the fp16 table); else a 16-entry table lookup per
+    weight with the same roundings (the interpreter, and fp32 results)."""
     if ASM:
         p0, p1, p2, p3, p4, p5, p6, p7 = planes
         args = [word, scale, p0, p1, p2, p3, p4, p5, p6, p7]
@@ -215,8 +227,8 @@ def _dequant_words(word, scale, CODE, planes, DTYPE: tl.constexpr, ASM: tl.const
     else:
         value = tl.load(CODE + _codes(word))
         s = scale[:, :, None, None, None]
-        if DTYPE == tl.bfloat16:  # the PTX's roundings: table and scale to DTYPE, then the product
-            w = round_to_bf16(round_to_bf16(value) * round_to_bf16(s))
+        if DTYPE == tl.bfloat16:  # the PTX's roundings: the table to fp16, the fp32 product rounded once
+            w = round_to_bf16(value.to(tl.float16).to(tl.float32) * s)
         elif DTYPE == tl.float16:
             w = value.to(tl.float16).to(tl.float32) * s.to(tl.float16).to(tl.float32)
         else:
@@ -290,7 +302,7 @@ def _nf4_matmul_kernel(X, GATE, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, O
     G: tl.constexpr = BLOCK_K // QB    # quantisation blocks per chunk
     WPB: tl.constexpr = QB // 8        # 32-bit words of codes per quantisation block
     DTYPE: tl.constexpr = X.dtype.element_ty
-    PLANES: tl.constexpr = tl.float32 if BLOCK_M == 1 else DTYPE  # the table's format in the PTX
+    PLANES: tl.constexpr = tl.float32 if BLOCK_M == 1 else tl.float16  # the table's format in the PTX
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     tile, rows, first_row = pid_n, N_0, 0  # this program's tile of its weight, the weight's rows, its first row
