@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Hashable, Iterable, Sequence
+from typing import Callable, Hashable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -259,38 +259,62 @@ def to_pages(cache: torch.Tensor, block_table: torch.Tensor, page_tokens: int) -
 IMPLS = ("paged", "contiguous", "sdpa", "gather + sdpa")
 
 
+COLD_BYTES = 256 * 2**20  # caches a timed graph reads in turn: over five times an H200's L2, so each call reads HBM
+
+
 def time_kernels(batch: int, context: int, heads: int, kv_heads: int, head_dim: int, page_tokens: int = PAGE_TOKENS,
-                 dtype: torch.dtype = torch.bfloat16, seed: int = 0, **time_kw) -> list[dict]:
+                 dtype: torch.dtype = torch.bfloat16, seed: int = 0, reps: int = 20,
+                 cold_bytes: int = COLD_BYTES) -> list[dict]:
     """One decode step's attention for ``batch`` requests of ``context`` tokens each, four ways: the paged
     kernel (pages in random order), the contiguous kernel (``decode_attention``), SDPA over a contiguous
     cache, and SDPA after gathering the pages into one (what a server without a paged kernel does).
-    Timed by ``bench.time_fn`` (device events, median); ``max_abs_error`` against float64. ``time_kw``
-    goes to ``time_fn``."""
+    Timed as a decoder runs them (``bench.time_in_graph``: one CUDA graph, so the host's launch time is
+    out of the timing) over enough copies of the step's tensors, one a layer, that their caches exceed
+    ``cold_bytes``: each call reads its cache from memory, not from the L2. ``ms``: per call, the median
+    of ``reps`` replays; ``max_abs_error``: the first copy's, against float64."""
     device = DEVICE
     generator = torch.Generator(device=device).manual_seed(seed)
+    cache_bytes = 2 * batch * kv_heads * context * head_dim * dtype.itemsize
+    copies = [_step_tensors(batch, context, heads, kv_heads, head_dim, page_tokens, dtype, generator)
+              for _ in range(max(1, -(-cold_bytes // cache_bytes)))]
+    gqa = kv_heads != heads
+
+    def calls(t: dict[str, torch.Tensor]) -> dict[str, Callable[[], torch.Tensor]]:
+        return {
+            "paged": lambda: paged_decode_attention(t["q"], t["k_pages"], t["v_pages"], t["table"], t["lengths"],
+                                                    check=False),
+            "contiguous": lambda: decode_attention(t["q"], t["k"], t["v"], t["pos"]),
+            "sdpa": lambda: F.scaled_dot_product_attention(t["q"], t["k"], t["v"], enable_gqa=gqa),
+            "gather + sdpa": lambda: F.scaled_dot_product_attention(
+                t["q"], gather_pages(t["k_pages"], t["table"], context),
+                gather_pages(t["v_pages"], t["table"], context), enable_gqa=gqa),
+        }
+
+    first = copies[0]
+    reference = reference_attention(first["q"], first["k"], first["v"])
+    paged_decode_attention(first["q"], first["k_pages"], first["v_pages"], first["table"], first["lengths"])  # checked
+    per_copy = [calls(t) for t in copies]
+    records = []
+    for impl, fn in per_copy[0].items():
+        error = (fn().double() - reference).abs().max().item()
+        timing = bench.time_in_graph([c[impl] for c in per_copy], reps=reps)
+        records.append({"what": "kernel", "impl": impl, "batch": batch, "context": context, "heads": heads,
+                        "kv_heads": kv_heads, "head_dim": head_dim, "page_tokens": page_tokens,
+                        "dtype": str(dtype).removeprefix("torch."), "ms": timing.ms, "ms_p20": timing.ms_p20,
+                        "ms_p80": timing.ms_p80, "timer": timing.timer, "copies": len(copies), "max_abs_error": error})
+    return records
+
+
+def _step_tensors(batch: int, context: int, heads: int, kv_heads: int, head_dim: int, page_tokens: int,
+                  dtype: torch.dtype, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """One layer's decode-step tensors: the queries, a contiguous cache, the same cache in pages (a random
+    block table), the lengths for the paged kernel and the position for the contiguous one."""
+    device = DEVICE
     q = torch.randn(batch, heads, 1, head_dim, generator=generator, device=device, dtype=dtype)
     k, v = (torch.randn(batch, kv_heads, context, head_dim, generator=generator, device=device, dtype=dtype)
             for _ in range(2))
     table = random_block_table(batch, -(-context // page_tokens), generator)
-    k_pages, v_pages = to_pages(k, table, page_tokens), to_pages(v, table, page_tokens)
-    lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
-    pos = torch.tensor([context - 1], device=device)
-    gqa = kv_heads != heads
-    calls = {
-        "paged": lambda: paged_decode_attention(q, k_pages, v_pages, table, lengths, check=False),
-        "contiguous": lambda: decode_attention(q, k, v, pos),
-        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa),
-        "gather + sdpa": lambda: F.scaled_dot_product_attention(
-            q, gather_pages(k_pages, table, context), gather_pages(v_pages, table, context), enable_gqa=gqa),
-    }
-    reference = reference_attention(q, k, v)
-    paged_decode_attention(q, k_pages, v_pages, table, lengths)  # once with the block table checked
-    records = []
-    for impl, fn in calls.items():
-        error = (fn().double() - reference).abs().max().item()
-        timing = bench.time_fn(fn, **time_kw)
-        records.append({"what": "kernel", "impl": impl, "batch": batch, "context": context, "heads": heads,
-                        "kv_heads": kv_heads, "head_dim": head_dim, "page_tokens": page_tokens,
-                        "dtype": str(dtype).removeprefix("torch."), "ms": timing.ms, "ms_p20": timing.ms_p20,
-                        "ms_p80": timing.ms_p80, "timer": timing.timer, "max_abs_error": error})
-    return records
+    return {"q": q, "k": k, "v": v, "table": table, "k_pages": to_pages(k, table, page_tokens),
+            "v_pages": to_pages(v, table, page_tokens),
+            "lengths": torch.full((batch,), context, dtype=torch.int32, device=device),
+            "pos": torch.tensor([context - 1], device=device)}

@@ -108,8 +108,7 @@ def test_capacity_is_arithmetic_over_whole_pages():
 
 
 def test_time_kernels_records_every_impl_and_its_error():
-    records = serving.time_kernels(2, 21, 4, 2, 16, page_tokens=8, dtype=torch.float32, warmup_ms=0, rep_ms=1,
-                                   min_reps=1, max_reps=1)
+    records = serving.time_kernels(2, 21, 4, 2, 16, page_tokens=8, dtype=torch.float32, reps=1, cold_bytes=1)
     assert [r["impl"] for r in records] == list(serving.IMPLS)
     for r in records:
         assert {"what", "impl", "batch", "context", "ms", "max_abs_error"} <= set(r) and r["what"] == "kernel"
