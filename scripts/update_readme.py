@@ -206,6 +206,17 @@ def _serving(res: results.Result) -> list[tuple[str, str, str]]:
                      f"{sweep[(64, 512)]:,.0f} tokens/s",
                      f"{sweep[(64, 512)] / sweep[(1, 512)]:.1f}x batch 1; {sweep[best]:,.0f} tokens/s at batch "
                      f"{best[0]}, {best[1]} tokens"))
+    served = res.where(what="continuous")
+    if served:
+        rows.append((f"continuous batching, 7B nf4, {served[0]['requests']} requests of the data set's lengths",
+                     f"{min(r['tokens_per_s'] for r in served):,.0f}-{max(r['tokens_per_s'] for r in served):,.0f} "
+                     "tokens/s", f"median time per output token {min(r['tpot_ms'] for r in served):.0f}-"
+                     f"{max(r['tpot_ms'] for r in served):.0f} ms over {len(served)} arrival rates"))
+    held = sorted(((r["cap_gib"], r["context"]), r["requests"]) for r in res.where(what="capacity", measured=True))
+    if held:
+        rows.append(("requests a paged cache holds, 7B nf4, measured under the memory caps",
+                     ", ".join(f"{cap:g} GiB: {n} of {context:,} tokens" for (cap, context), n in held),
+                     "all of them decoding together under the cap"))
     return rows
 
 
@@ -287,10 +298,10 @@ def summary_figure(gpu: str = "h200") -> Path | None:
 Row = tuple[str, str, str, str]  # measurement, result, context, notebook
 
 # The README's headline rows (at most 10): the first full-table row whose measurement starts with each prefix.
-HEADLINES = ("device copy bandwidth", "bf16 matmul", "streaming bandwidth, L2-resident vs HBM",
+HEADLINES = ("device copy bandwidth", "bf16 matmul",
              "fused bias+GELU+LayerNorm fwd, bf16", "fused bias+GELU+LayerNorm fwd+bwd (device time, CUDA graph), bf16",
              "FlashAttention (Triton) fwd+bwd, non-causal", "QLoRA on one GPU capped at 40 GiB",
-             "QLoRA on one GPU capped at 48 GiB", "4-bit decoding at batch 1, 7B",
+             "QLoRA on one GPU capped at 48 GiB", "4-bit decoding at batch 1, 7B", "batched decoding, 7B nf4",
              "Llama-2-70B QLoRA, FSDP on 2 GPUs capped at 40 GiB each, expandable")
 
 
