@@ -42,11 +42,11 @@ eight weights of a word (the 16-entry table rides along in eight registers as by
   weight, against 6.5-7.7 with an fp16 table and x widened per use.
 * 1 < M <= ``MAX_M``, and one fp16 row: the weights times their scale, in x's dtype (``_dequant_ptx``),
   the table held in fp16 (within 2^-12 of each nf4 value). bf16 x: each weight times its fp32 scale in
-  fp32, rounded once to bf16, as ``dequantize_4bit`` rounds it (a weight differs from bitsandbytes' only where
-  the product lies within the table's 2^-12 of a rounding boundary); a bf16 table and a bf16 scale
-  multiplied in bf16 would round three times and put 1.5x bitsandbytes' error into every weight.
-  fp16 x: one packed fp16 multiply per pair. The weights are fed to ``tl.dot`` (tensor cores; M padded to 16, 32 or 64
-  rows), fp32 accumulation: at 16 rows a CUDA-core loop would need ~300 TFLOP/s of fp32 to keep up
+  fp32, rounded once to bf16, as ``dequantize_4bit`` rounds it (a weight differs from bitsandbytes' only
+  where the product lies within the table's 2^-12 of a rounding boundary); a bf16 table and a bf16 scale
+  multiplied in bf16 would round three times and put 1.5x bitsandbytes' error into every weight. fp16 x:
+  one packed fp16 multiply per pair. The weights are fed to ``tl.dot`` (tensor cores; M padded to 16, 32
+  or 64 rows), fp32 accumulation: at 16 rows a CUDA-core loop would need ~300 TFLOP/s of fp32 to keep up
   with HBM.
 
 In the Triton interpreter (no PTX), on GPUs before sm_80 and for fp32 x the same arithmetic runs as a
@@ -129,19 +129,15 @@ def _dequant_ptx(dtype: torch.dtype) -> str:
     scale (rounded to fp16) per pair of weights. bf16: each table value widened to fp32, times the fp32
     scale, the pair rounded once to bf16 (``dequantize_4bit``'s rounding; a bf16 table and scale
     multiplied in bf16 would round each weight three times)."""
-    if dtype == torch.float16:
-        def scaled(half: int, j: int) -> str:
-            return " mul.rn.f16x2 p, p, sc;"
-        head = "\n cvt.rn.f16x2.f32 sc, $9, $9;"
-    else:
-        def scaled(half: int, j: int) -> str:
-            return (" mov.b32 {h0, h1}, p;\n cvt.f32.f16 f0, h0;\n cvt.f32.f16 f1, h1;\n mul.rn.f32 f0, f0, $9;"
-                    "\n mul.rn.f32 f1, f1, $9;\n cvt.rn.bf16x2.f32 p, f1, f0;")
-        head = ""
     # p: two fp16 table values (low half: the first in storage order), made two weights in place
+    if dtype == torch.float16:
+        head, scaled = "\n cvt.rn.f16x2.f32 sc, $9, $9;", " mul.rn.f16x2 p, p, sc;"
+    else:
+        head, scaled = "", (" mov.b32 {h0, h1}, p;\n cvt.f32.f16 f0, h0;\n cvt.f32.f16 f1, h1;\n mul.rn.f32 f0, f0, $9;"
+                            "\n mul.rn.f32 f1, f1, $9;\n cvt.rn.bf16x2.f32 p, f1, f0;")
 
     def store(half: int) -> str:
-        return "".join(f"\n prmt.b32 p, lo, hi, {pair};\n{scaled(half, j)}\n mov.b32 {{${4 * half + 2 * j}, "
+        return "".join(f"\n prmt.b32 p, lo, hi, {pair};\n{scaled}\n mov.b32 {{${4 * half + 2 * j}, "
                        f"${4 * half + 2 * j + 1}}}, p;" for j, pair in enumerate(_PAIRS))
 
     return ("{\n .reg .b32 s, t, m, a, b, lo, hi, p, sc;\n .reg .b16 h0, h1;\n .reg .f32 f0, f1;" + head
