@@ -143,22 +143,23 @@ def subprocess_runner(spec: PointSpec, data_path: Path, gpu: str | None = None,
         return json.loads(out.read_text())
 
 
-def default_store() -> Path:
-    """The progress file, one per scale and GPU: git-ignored under ``build/``, or beside the results where
-    ``COURSE_RESULTS_DIR`` moves them (so that the two never come from different places)."""
+def default_store(topic: str = TOPIC) -> Path:
+    """The progress file of ``topic``, one per scale and GPU: git-ignored under ``build/``, or beside the results
+    where ``COURSE_RESULTS_DIR`` moves them (so that the two never come from different places)."""
     moved = os.environ.get("COURSE_RESULTS_DIR")
     root = Path(moved) if moved else results.REPO_ROOT / "build"
-    return root / "finetune-progress" / f"{SCALE}-{results.gpu_slug()}.jsonl"
+    return root / f"{topic.replace('_', '-')}-progress" / f"{SCALE}-{results.gpu_slug()}.jsonl"
 
 
 class Store:
-    """Finished points: the progress file (appended a line a point) merged with the results file."""
+    """Finished points: the progress file (appended a line a point) merged with the results file of ``topic``."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, topic: str = TOPIC) -> None:
         self.path = Path(path)
+        self.topic = topic
         self.done: dict[str, list[dict]] = {}
         try:  # what earlier runs saved (on the GPU machine the results file is what travels between calls)
-            for record in results.load(TOPIC, scale=SCALE).records:
+            for record in results.load(topic, scale=SCALE).records:
                 self.done.setdefault(record["point"], []).append(record)
         except FileNotFoundError:
             pass
@@ -173,7 +174,7 @@ class Store:
                     self.done[entry["point"]] = entry["records"]
         self.lock = threading.Lock()
         if any(in_results.get(point) != recs for point, recs in self.done.items()):
-            results.save(TOPIC, self.records())  # a run killed between its two writes: the results file catches up
+            results.save(topic, self.records())  # a run killed between its two writes: the results file catches up
 
     def add(self, point: str, records: list[dict]) -> None:
         """Append a finished point to the progress file and rewrite the results file (thread-safe)."""
@@ -184,7 +185,7 @@ class Store:
                 f.flush()
                 os.fsync(f.fileno())
             self.done[point] = records
-            results.save(TOPIC, self.records())
+            results.save(self.topic, self.records())
 
     def records(self) -> list[dict]:
         return [r for recs in self.done.values() for r in recs]
