@@ -2,7 +2,10 @@ import pytest
 import torch
 
 from helpers.finetune import data, retime, sweep
+from helpers.finetune.lora import LoraSettings, attach_lora, count_layer_forwards
+from helpers.finetune.models import build_model
 from helpers.finetune.spec import PointSpec
+from helpers.finetune.timing import timed_steps
 
 
 @pytest.fixture
@@ -27,13 +30,32 @@ def test_a_group_is_timed_over_more_steps_in_one_process(env):
     retime.time_group(specs, data.TokenizedData.load(env["data"]), torch.device("cpu"), float("inf"), got.append)
     assert [r["point"] for r in got] == [s.key() for s in specs]
     for r in got:
-        assert r["status"] == "ok" and r["timed_steps"] == retime.TIMED_STEPS
+        assert r["status"] == "ok" and r["timed_steps"] == retime.TIMED_STEPS and r["checkpointing"] is True
         assert r["step_s_min"] <= r["step_s"] <= r["step_s_max"] and r["step_s_min"] <= r["step_s_mean"]
         assert r["tokens_per_s"] > 0
         assert 2 <= r["mean_padded_len"] <= 32 and r["measured_at"]
     none = []
     retime.time_group(specs, data.TokenizedData.load(env["data"]), torch.device("cpu"), 0.0, none.append)
     assert none == []  # past the deadline: no point starts
+
+
+def test_a_group_without_checkpointing_trains_without_it(env):
+    specs = sweep.plan(["tiny"], [1], [None], generate=False, max_len=32, grad_ckpt=False)
+    got = []
+    retime.time_group(specs, data.TokenizedData.load(env["data"]), torch.device("cpu"), float("inf"), got.append)
+    assert [(r["status"], r["checkpointing"]) for r in got] == [("ok", False)]
+
+
+def test_timed_steps_train_in_training_mode(env):
+    """A model built for inference (eval mode) would skip checkpointing's recomputation: its steps are not
+    the QLoRA step the sweep measures."""
+    spec = sweep.plan(["tiny"], [1], [None], generate=False, max_len=32)[0]
+    model, _ = build_model(spec.model, torch.device("cpu"), vocab_size=32000, attn=spec.attn)
+    model = attach_lora(model, LoraSettings(r=4))
+    model.eval()
+    batches = data.make_batches(data.TokenizedData.load(env["data"]).token_ids, 1, 2, 32)
+    layer_runs = count_layer_forwards(model, lambda: timed_steps(model, batches[1:], torch.device("cpu"), 0, None))
+    assert model.training and layer_runs == 2  # one forward, one recomputation in the backward
 
 
 def test_out_of_memory_ends_the_group(env, monkeypatch):

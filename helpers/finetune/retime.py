@@ -32,7 +32,7 @@ from .. import children, results
 from ..device import SCALE, pick
 from . import distributed
 from .data import TokenizedData, make_batches
-from .lora import LoraSettings, attach_lora
+from .lora import LoraSettings, attach_lora, check_checkpointing
 from .memory_caps import apply_cap, is_oom
 from .models import build_model
 from .spec import PointSpec, base_record
@@ -62,13 +62,17 @@ def time_group(specs: list[PointSpec], data: TokenizedData, device: torch.device
         apply_cap(first.cap_gb)
     model, _ = build_model(first.model, device, vocab_size=data.vocab_size, attn=first.attn)
     model = attach_lora(model, LoraSettings(r=first.lora_r), gradient_checkpointing=first.grad_ckpt)
+    checkpointing = check_checkpointing(model, torch.tensor([data.token_ids[0][:16]], device=device))
+    if checkpointing != first.grad_ckpt:  # the sweep measured the other kind of step: its times would not be its own
+        raise RuntimeError(f"{first.key()}: gradient checkpointing {'off' if first.grad_ckpt else 'on'} in "
+                           "training, where the point asks for the opposite")
     for spec in specs:
         if time.time() >= deadline:
             return
         batches = make_batches(data.token_ids, spec.batch_size, spec.warmup_steps + TIMED_STEPS, spec.max_len)
         timed = batches[spec.warmup_steps:]
         record = {"kind": "train", **base_record(spec, device), "batch_size": spec.batch_size,
-                  "warmup_steps": spec.warmup_steps, "timed_steps": TIMED_STEPS}
+                  "warmup_steps": spec.warmup_steps, "timed_steps": TIMED_STEPS, "checkpointing": checkpointing}
         try:
             times, monitor, _ = timed_steps(model, batches, device, spec.warmup_steps, None)
         except Exception as error:

@@ -20,7 +20,8 @@ def timed_steps(model: torch.nn.Module, batches: list[dict], device: torch.devic
                 meter: SimulatedMemory | None) -> tuple[list[float], dict, list[float]]:
     """Train one AdamW step per batch; time each step after ``warmup_steps`` (device synchronised on both
     sides) while the GPU monitor samples them. Returns the step times [s], the monitor's summary and
-    every step's loss."""
+    every step's loss. The model is put in training mode: checkpointing recomputes only there."""
+    model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
     times: list[float] = []
     losses: list[float] = []
