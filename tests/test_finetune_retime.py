@@ -33,6 +33,7 @@ def test_a_group_is_timed_over_more_steps_in_one_process(env):
         assert r["status"] == "ok" and r["timed_steps"] == retime.TIMED_STEPS and r["checkpointing"] is True
         assert r["step_s_min"] <= r["step_s"] <= r["step_s_max"] and r["step_s_min"] <= r["step_s_mean"]
         assert r["tokens_per_s"] > 0
+        assert r["s_per_padded_token_min"] <= r["s_per_padded_token"] <= r["s_per_padded_token_max"]
         assert 2 <= r["mean_padded_len"] <= 32 and r["measured_at"]
     none = []
     retime.time_group(specs, data.TokenizedData.load(env["data"]), torch.device("cpu"), 0.0, none.append)

@@ -8,7 +8,11 @@ host, so a few steps leave their time uncertain. This module times every point t
 ``TIMED_STEPS`` steps: one process per group (one model, cap and setting), the model built and LoRA attached
 once, then each batch size in turn on the sweep's own batches (the same warm-up and first timed texts, then
 more of the same shuffle), the allocator's cache emptied between batch sizes. The adapter goes on training
-from one batch size to the next: a step's time does not depend on its values.
+from one batch size to the next: a step's time does not depend on its values. Each batch is padded to its
+own longest text, so the steps of one point differ in shape, and a point's spread (min to max) is partly
+the data's. Two points that differ only in their cap run the same batches: their medians' difference is
+the measurement's own noise. The records keep each step's time over its padded tokens too (median, min,
+max), a spread with the shapes' share taken out.
 
 Memory stays the sweep's measurement. This module's records hold times only
 (``results/<gpu>/finetune_timing.json``, one a point, saved as each finishes, resumed like the sweep), and
@@ -86,11 +90,20 @@ def time_group(specs: list[PointSpec], data: TokenizedData, device: torch.device
                 torch.cuda.empty_cache()
         on_record({**record, "status": "ok", "step_s": statistics.median(times), "step_s_min": min(times),
                    "step_s_max": max(times), "step_s_mean": statistics.fmean(times),
+                   **_per_padded_token(times, timed),
                    "tokens_per_s": sum(int(b["attention_mask"].sum()) for b in timed) / sum(times),
                    "samples_per_s": spec.batch_size * len(times) / sum(times),
                    "mean_seq_len": statistics.fmean(float(b["attention_mask"].sum(1).float().mean()) for b in timed),
                    "mean_padded_len": statistics.fmean(b["input_ids"].shape[1] for b in timed),
                    "gpu_util_pct": monitor.get("util_pct_mean")})
+
+
+def _per_padded_token(times: list[float], timed: list[dict]) -> dict:
+    """Each step's time over its padded tokens (batch x width): its median, min and max, a spread the
+    batches' differing shapes leave out."""
+    per = [t / b["input_ids"].numel() for t, b in zip(times, timed)]
+    return {"s_per_padded_token": statistics.median(per), "s_per_padded_token_min": min(per),
+            "s_per_padded_token_max": max(per)}
 
 
 def _run_child(specs: list[PointSpec], data_path: Path, deadline: float, store_path: Path,
