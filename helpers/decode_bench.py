@@ -175,6 +175,50 @@ def ladder(model: nn.Module, model_name: str, bytes_per_step: float, bandwidth_g
     return records
 
 
+@torch.no_grad()
+def graphed_decode_parts(model: nn.Module, contexts: list[int], new_tokens: int = 32, rounds: int = 5,
+                         variant: str = VARIANTS[-1]) -> list[dict]:
+    """Time per new token of the course's decoder (``variant``: the ladder's last rung by default, one CUDA graph
+    a step on a GPU) at each context length, split as ``finetune.generate.decode_parts`` splits stock
+    ``generate()``: the device's time (CUDA events around the run; the host queues replays faster than the GPU
+    runs them, so the device never waits) and the host's (the rest of the wall time). Each run decodes
+    ``new_tokens`` from position ``context``: the cache before it holds whatever is there, since a step's time
+    depends on how many positions it reads, not on their values. Medians of ``rounds`` after one round of
+    warm-up, the contexts in turn within each round. On a CPU the device is the host: its time is all device."""
+    if not contexts or min(contexts) < 1 or new_tokens < 1 or rounds < 1:
+        raise ValueError(f"need contexts >= 1, new_tokens >= 1 and rounds >= 1, got {contexts}, {new_tokens}, "
+                         f"{rounds}")
+    device = model.model.embed_tokens.weight.device
+    dec = decoder(model, variant, max(contexts) + new_tokens)
+    dec.prefill(torch.full((1, 1), 3, dtype=torch.long, device=device))  # captures the graph; logits in place
+    walls: dict[int, list[float]] = {c: [] for c in contexts}
+    busy: dict[int, list[float]] = {c: [] for c in contexts}
+    for round_ in range(rounds + 1):
+        for c in contexts:
+            dec.pos.fill_(c)
+            _sync(device)
+            if device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            t0 = time.perf_counter()
+            dec.generate(new_tokens)
+            if device.type == "cuda":
+                end.record()
+            _sync(device)
+            wall = time.perf_counter() - t0
+            if round_:  # round 0 warms up
+                walls[c].append(wall / new_tokens)
+                busy[c].append((start.elapsed_time(end) / 1e3 if device.type == "cuda" else wall) / new_tokens)
+    records = []
+    for c in contexts:
+        per_token, dev = statistics.median(walls[c]), statistics.median(busy[c])
+        records.append({"what": "graphed_decode_parts", "variant": variant, "kv_cache": True, "context": c,
+                        "new_tokens": new_tokens, "rounds": rounds, "s_per_token": per_token,
+                        "s_per_token_min": min(walls[c]), "s_per_token_max": max(walls[c]),
+                        "device_s_per_token": min(dev, per_token), "host_s_per_token": max(0.0, per_token - dev)})
+    return records
+
+
 LLAMA_7B_SHAPES = {"q, k, v, o (4096 x 4096)": (4096, 4096), "gate, up (11008 x 4096)": (11008, 4096),
                    "down (4096 x 11008)": (4096, 11008), "vocabulary-sized (32000 x 4096)": (32000, 4096)}
 GEMV_IMPLS = ("bitsandbytes", "dequantize + matmul", "course")

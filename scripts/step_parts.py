@@ -1,12 +1,13 @@
 """The parts of a QLoRA training step and of a decode step, measured for notebook 06's step-time model.
 
     python scripts/step_parts.py [--train 7b:1 7b:4 7b:16] [--timed 10] [--decode-model 7b]
-                                 [--contexts 64 256 1024 2048] [--rounds 5]
+                                 [--contexts 64 256 1024 2048] [--graphed-contexts 64 256 1024 2048] [--rounds 5]
 
 Training: the sweep's configuration (eager attention, LoRA r=16, gradient checkpointing) at each model:batch,
 ``--timed`` steps after 2 of warm-up, then 3 under the profiler, split into parts (``step_model.PARTS``).
 Decoding: stock ``generate()`` at batch 1, the time per new token at each context length, split into the
-device's and the host's. Writes ``results/<gpu>/step_parts.json`` (on a CPU, ``.smoke-results/``). A part
+device's and the host's; and the same split for the course's graphed decoder (notebook 07's last rung, on the
+model without LoRA, as notebook 07 decodes). Writes ``results/<gpu>/step_parts.json`` (on a CPU, ``.smoke-results/``). A part
 not measured in this run (``--train`` with no points, or ``--contexts`` with none) keeps the file's earlier
 records; every record names the commit and the time it was measured at.
 """
@@ -18,7 +19,7 @@ import gc
 import torch
 
 import helpers  # first: on a machine without a GPU it sets the Triton interpreter up
-from helpers import results
+from helpers import decode_bench, results
 from helpers.finetune import sweep
 from helpers.finetune.data import TokenizedData
 from helpers.finetune.generate import decode_parts
@@ -34,6 +35,8 @@ def main() -> None:
     parser.add_argument("--timed", type=int, default=helpers.pick(full=10, smoke=2))
     parser.add_argument("--decode-model", default=helpers.pick(full="7b", smoke="tiny"))
     parser.add_argument("--contexts", nargs="*", type=int,
+                        default=helpers.pick(full=[64, 256, 1024, 2048], smoke=[8, 16]))
+    parser.add_argument("--graphed-contexts", nargs="*", type=int,
                         default=helpers.pick(full=[64, 256, 1024, 2048], smoke=[8, 16]))
     parser.add_argument("--rounds", type=int, default=helpers.pick(full=5, smoke=1))
     args = parser.parse_args()
@@ -57,7 +60,17 @@ def main() -> None:
             print(f"decode {args.decode_model}, context {r['context']}: {1e3 * r['s_per_token']:.1f} ms a token "
                   f"({1e3 * r['s_per_token_min']:.1f}-{1e3 * r['s_per_token_max']:.1f}), device "
                   f"{1e3 * r['device_s_per_token']:.1f}, host {1e3 * r['host_s_per_token']:.1f}", flush=True)
-    measured = {what for what, asked in (("train_parts", args.train), ("decode_parts", args.contexts)) if asked}
+    if args.graphed_contexts:
+        gc.collect()
+        torch.cuda.empty_cache() if helpers.HAS_CUDA else None
+        model, _ = build_model(args.decode_model, helpers.DEVICE, vocab_size=data.vocab_size, attn="sdpa")
+        for r in decode_bench.graphed_decode_parts(model.eval(), args.graphed_contexts, rounds=args.rounds):
+            records.append({"model": args.decode_model, **r, **stamp})
+            print(f"course decoder {args.decode_model}, context {r['context']}: {1e3 * r['s_per_token']:.2f} ms a "
+                  f"token ({1e3 * r['s_per_token_min']:.2f}-{1e3 * r['s_per_token_max']:.2f}), device "
+                  f"{1e3 * r['device_s_per_token']:.2f}, host {1e3 * r['host_s_per_token']:.2f}", flush=True)
+    measured = {what for what, asked in (("train_parts", args.train), ("decode_parts", args.contexts),
+                                         ("graphed_decode_parts", args.graphed_contexts)) if asked}
     kept = earlier_records(skip=measured)
     path = results.save("step_parts", kept + records)
     print(f"wrote {path}" + (f" ({len(kept)} earlier records kept)" if kept else ""))

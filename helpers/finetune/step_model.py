@@ -236,18 +236,23 @@ def rank(step_model: StepModel, rows: list[dict], a: GpuSpec, b: GpuSpec) -> lis
 DEVICE_SCALINGS = ("bandwidth", "clock")  # what a decode step's device time may follow on another card
 
 
+DECODERS = ("decode_parts", "graphed_decode_parts")  # stock generate(); the course's graphed decoder (notebook 07)
+
+
 def decode_seconds(records: list[dict], here: GpuSpec, card: GpuSpec, new_tokens: int, scaling: str,
-                   prompt_tokens: int = 32) -> float:
-    """Seconds stock ``generate()`` takes for ``new_tokens`` after a ``prompt_tokens`` prompt on ``card``, from
-    the ``decode_parts`` records measured on ``here``: each token's host time as measured at its context and its
-    device time scaled by ``scaling`` ("bandwidth": HBM bandwidth; "clock": the SM boost clock), both
-    interpolated linearly between the measured contexts (the end values outside them)."""
+                   prompt_tokens: int = 32, what: str = "decode_parts") -> float:
+    """Seconds a decoder takes for ``new_tokens`` after a ``prompt_tokens`` prompt on ``card``, from its
+    records measured on ``here`` (``what``: "decode_parts", stock ``generate()``; "graphed_decode_parts", the
+    course's graphed decoder): each token's host time as measured at its context and its device time scaled by
+    ``scaling`` ("bandwidth": HBM bandwidth; "clock": the SM boost clock), both interpolated linearly between
+    the measured contexts (the end values outside them)."""
     if scaling not in DEVICE_SCALINGS:
         raise ValueError(f"scaling must be one of {DEVICE_SCALINGS}, got {scaling!r}")
-    recs = sorted((r for r in records if r.get("what") == "decode_parts" and r.get("kv_cache")),
-                  key=lambda r: r["context"])
+    if what not in DECODERS:
+        raise ValueError(f"what must be one of {DECODERS}, got {what!r}")
+    recs = sorted((r for r in records if r.get("what") == what and r.get("kv_cache")), key=lambda r: r["context"])
     if not recs or new_tokens < 1:
-        raise ValueError(f"need decode_parts records (with the KV cache) and new_tokens >= 1, got {new_tokens}")
+        raise ValueError(f"need {what} records (with the KV cache) and new_tokens >= 1, got {new_tokens}")
     factor = (here.bandwidth_gbps / card.bandwidth_gbps if scaling == "bandwidth" else here.boost_mhz / card.boost_mhz)
     context = np.arange(prompt_tokens, prompt_tokens + new_tokens)
     measured = [r["context"] for r in recs]
@@ -256,10 +261,11 @@ def decode_seconds(records: list[dict], here: GpuSpec, card: GpuSpec, new_tokens
     return float((host + factor * device).sum())
 
 
-def decode_lead(records: list[dict], here: GpuSpec, a: GpuSpec, b: GpuSpec, lengths: list[int]) -> dict:
+def decode_lead(records: list[dict], here: GpuSpec, a: GpuSpec, b: GpuSpec, lengths: list[int],
+                what: str = "decode_parts") -> dict:
     """``b``'s tokens/s over ``a``'s for each output length in ``lengths``, under each device scaling."""
-    return {s: [decode_seconds(records, here, a, n, s) / decode_seconds(records, here, b, n, s) for n in lengths]
-            for s in DEVICE_SCALINGS}
+    return {s: [decode_seconds(records, here, a, n, s, what=what) / decode_seconds(records, here, b, n, s, what=what)
+                for n in lengths] for s in DEVICE_SCALINGS}
 
 
 def measure_train_parts(model_name: str, batch: int, data: TokenizedData, device: torch.device, *,
