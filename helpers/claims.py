@@ -15,7 +15,7 @@ import pandas as pd
 
 from . import attention_bench, chain, results, specs
 from .device import SCALE
-from .finetune import analysis, step_model
+from .finetune import analysis, retime, step_model
 
 CONFIRMED, REFUTED, PARTLY, UNDECIDED = "confirmed", "refuted", "partly", "not decided by this run"
 Loader = Callable[[str, str], "results.Result | None"]  # (topic, gpu folder) -> the file, or None if absent
@@ -288,10 +288,13 @@ SEED_SETTING = {"attn": "eager", "lora_r": 16}  # notebook 06's main setting, th
 
 
 def _sweep(load: Loader, gpu: str) -> list[dict] | None:
+    """The sweep's records in the seed's setting, each re-timed point's times in place of the sweep's own."""
     res = load("finetune", gpu)
     if res is None:
         return None
-    return [r for r in res.records if all(r.get(k) == v for k, v in SEED_SETTING.items())
+    timing = load(retime.TOPIC, gpu)
+    records = retime.merged(res.records, timing.records if timing else [])
+    return [r for r in records if all(r.get(k) == v for k, v in SEED_SETTING.items())
             and not r.get("point", "").endswith("/no-ckpt")]
 
 
@@ -301,7 +304,8 @@ SMALL_BATCH = 4  # "small batches": the seed's claim, judged at batch sizes up t
 def a100_small_batches(load: Loader, gpu: str) -> Verdict:
     rule = ("the part-by-part step model (results/<gpu>/step_parts.json: each part's measured time scaled by the "
             "datasheet rate it depends on, the host's held fixed), its uncertainty per model the largest error on "
-            "the sweep's steps it was not built from (finetune.json), projects the Ada's step time over the A100's "
+            "the sweep's steps it was not built from (finetune.json; finetune_timing.json's times over 10 steps where a "
+            "point was re-timed), projects the Ada's step time over the A100's "
             f"at every 7B and 13B batch <= {SMALL_BATCH} that trained under both caps, as a range (each scale's "
             "time off by that error, the host added or hidden): above 1 at every point: confirmed; below 1 at "
             "every point: refuted; above 1 at some and holding 1 at the others, or mixed: partly; holding 1 "

@@ -158,7 +158,8 @@ class StepModel:
 def validate(step_model: StepModel, sweep_records: list[dict]) -> list[dict]:
     """The model against the sweep's measured steps (trained with checkpointing), one row per model and batch:
     the steps measured under every cap (the same work: their spread is the measurement's noise), their median,
-    the prediction and its error against the median."""
+    the prediction (each run's at its own mean padded length, their median) and the error: the median over the
+    runs of each prediction against its own run."""
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in sweep_records:
         if (r.get("kind") == "train" and r.get("status") == "ok" and r.get("measured", True)
@@ -167,12 +168,12 @@ def validate(step_model: StepModel, sweep_records: list[dict]) -> list[dict]:
     rows = []
     for (model, batch), runs in sorted(groups.items(), key=lambda kv: (MODELS[kv[0][0]].linear_params(), kv[0][1])):
         steps = [r["step_s"] for r in runs]
-        measured = statistics.median(steps)
-        predicted = step_model.predict(model, batch, runs[0]["mean_padded_len"], step_model.here)["step_s"]
-        rows.append({"model": model, "batch": batch, "mean_padded_len": runs[0]["mean_padded_len"],
-                     "runs": len(runs), "measured s": measured,
-                     "min s": min(steps), "max s": max(steps), "predicted s": predicted,
-                     "error": predicted / measured - 1})
+        predicted = [step_model.predict(model, batch, r["mean_padded_len"], step_model.here)["step_s"] for r in runs]
+        rows.append({"model": model, "batch": batch,
+                     "mean_padded_len": statistics.median(r["mean_padded_len"] for r in runs),
+                     "runs": len(runs), "measured s": statistics.median(steps),
+                     "min s": min(steps), "max s": max(steps), "predicted s": statistics.median(predicted),
+                     "error": statistics.median(p / m - 1 for p, m in zip(predicted, steps))})
     return rows
 
 
