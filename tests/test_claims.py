@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from helpers import chain, claims, specs
-from helpers.finetune import step_model
+from helpers.finetune import retime, step_model
 from helpers.claims import CONFIRMED, PARTLY, REFUTED, UNDECIDED
 from helpers.results import Result
 
@@ -218,6 +218,17 @@ def test_a100_small_batches_flips_with_the_parts_and_the_error():
     assert judge("a100-small-batches", _with_sweep(narrow)).verdict == CONFIRMED
     assert judge("a100-small-batches", _with_sweep(narrow, off=0.6)).verdict == UNDECIDED
     assert judge("a100-small-batches", _with_sweep(_parts(train_bandwidth_ms=20.0), off=0.6)).verdict == PARTLY
+
+
+def test_a100_small_batches_reads_the_re_timed_steps():
+    narrow = _with_sweep(_parts(train_bandwidth_ms=15.0), off=0.6)  # the sweep's few steps, 60% off the model
+    assert judge("a100-small-batches", narrow).verdict == UNDECIDED
+    model = step_model.StepModel.from_records(narrow["step_parts", "h200"], H200_SPEC)
+    retimed = [{"point": r["point"], "status": "ok", "git_commit": "c" * 40, "measured_at": "2026-12-05T10:00",
+                **{k: r.get(k) for k in retime.TIMING_FIELDS}, "timed_steps": 10,
+                "step_s": model.predict("7b", r["batch_size"], 400.0, H200_SPEC)["step_s"]}
+               for r in narrow["finetune", "h200"]]  # more steps, and the model meets them
+    assert judge("a100-small-batches", {**narrow, ("finetune_timing", "h200"): retimed}).verdict == CONFIRMED
 
 
 def test_ada_generation_verdict_from_the_host_device_split():

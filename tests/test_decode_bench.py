@@ -183,3 +183,17 @@ def test_speedup_per_round_pairs_the_rounds():
     assert decode_bench.speedup_per_round(fast, slow) == [8.0, 16.0]
     with pytest.raises(ValueError, match="rounds"):
         decode_bench.speedup_per_round(fast, {"new_tokens": 2, "round 0 seconds": 1.0})
+
+
+def test_graphed_decode_parts_times_each_context_and_splits_device_from_host(model):
+    records = decode_bench.graphed_decode_parts(model, [2, 5], new_tokens=2, rounds=2)
+    assert [r["context"] for r in records] == [2, 5]
+    for r in records:
+        assert r["what"] == "graphed_decode_parts" and r["variant"] == decode_bench.VARIANTS[-1] and r["kv_cache"]
+        assert r["s_per_token_min"] <= r["s_per_token"] <= r["s_per_token_max"]
+        # on a CPU the device is the host: all of it device time
+        assert r["device_s_per_token"] == pytest.approx(r["s_per_token"]) and r["host_s_per_token"] == 0.0
+    with pytest.raises(ValueError, match="contexts"):
+        decode_bench.graphed_decode_parts(model, [], rounds=1)
+    with pytest.raises(ValueError, match="new_tokens"):
+        decode_bench.graphed_decode_parts(model, [2], new_tokens=0)

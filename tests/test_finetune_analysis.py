@@ -42,6 +42,14 @@ def test_validation_error_and_uncertainty_per_model():
     assert step_model.uncertainty(rows) == {"7b": pytest.approx(1 / 3)}
 
 
+def test_validation_pairs_each_run_with_its_own_padded_length():
+    model = step_model.StepModel.from_records([_reference(4, 500.0, 100.0, 50.0, 20.0)], H200)
+    runs = [_train(4, cap, "ok", step_s=model.predict("7b", 4, padded, H200)["step_s"], mean_padded_len=padded,
+                   checkpointing=True) for cap, padded in ((40, 300.0), (48, 900.0))]  # other texts, other widths
+    rows = step_model.validate(model, runs)
+    assert rows[0]["error"] == pytest.approx(0.0, abs=1e-12) and rows[0]["mean_padded_len"] == 600.0
+
+
 def test_the_card_comparison_follows_the_parts_and_widens_with_the_error():
     bandwidth_heavy = step_model.StepModel.from_records([_reference(4, 500.0, 100.0, 100.0, 1.0)], H200)
     flops_only = step_model.StepModel.from_records([_reference(4, 500.0, 100.0, 1e-3, 1.0)], H200)
@@ -70,6 +78,12 @@ def test_decode_projection_holds_the_host_and_scales_the_device():
     assert step_model.decode_seconds(host_only, H200, A100, 100, "bandwidth") == pytest.approx(2.0)
     with pytest.raises(ValueError, match="scaling"):
         step_model.decode_seconds(host_only, H200, A100, 10, "power")
+    graphed = [{**r, "what": "graphed_decode_parts"} for r in device_only]  # each decoder reads its own records
+    assert step_model.decode_lead(graphed + host_only, H200, A100, ADA, [64], what="graphed_decode_parts") == lead
+    with pytest.raises(ValueError, match="graphed_decode_parts records"):
+        step_model.decode_seconds(host_only, H200, A100, 10, "clock", what="graphed_decode_parts")
+    with pytest.raises(ValueError, match="what must be one of"):
+        step_model.decode_seconds(host_only, H200, A100, 10, "clock", what="generate")
 
 
 def test_generation_timed_without_the_kv_cache_is_left_out():
