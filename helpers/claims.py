@@ -388,7 +388,8 @@ def ada_generates_faster(load: Loader, gpu: str) -> Verdict:
             "the host's time held at its measured value and the device's scaled by HBM bandwidth or by the SM "
             "boost clock (what paces a decode kernel is not known from one GPU): the Ada's tokens/s over the "
             "A100's above 1 under both at every length: confirmed if it grows with the length under both, else "
-            "partly; below 1 under both at every length: refuted; otherwise: not decided")
+            "partly; below 1 under both at every length: refuted; otherwise: not decided. The course's graphed "
+            "decoder (notebook 07), projected the same way, is shown beside it as evidence")
     parts = load("step_parts", gpu)
     decode = [r for r in parts.records if r.get("what") == "decode_parts" and r.get("kv_cache")] if parts else []
     if len(decode) < 2:
@@ -405,6 +406,12 @@ def ada_generates_faster(load: Loader, gpu: str) -> Verdict:
                 for s, v in lead.items()}
     evidence["host share of the measured time per token"] = _span(
         [r["host_s_per_token"] / r["s_per_token"] for r in decode if r["s_per_token"] > 0])
+    graphed = [r for r in parts.records if r.get("what") == "graphed_decode_parts"]
+    if graphed:  # the course's decoder, the host out of the way: what the device alone gives (not the seed's path)
+        for s, v in step_model.decode_lead(graphed, here, a100, ada, list(OUTPUT_LENGTHS),
+                                           what="graphed_decode_parts").items():
+            evidence[f"course's graphed decoder, Ada over A100, device x {s}"] = ", ".join(
+                f"{n}: {x:.2f}" for n, x in zip(OUTPUT_LENGTHS, v))
     every = [x for v in lead.values() for x in v]
     if all(x > 1 for x in every):
         growing = all(all(q > p for p, q in zip(v, v[1:])) for v in lead.values())

@@ -238,6 +238,15 @@ def test_ada_generation_verdict_from_the_host_device_split():
     uncached = {key: [{**r, "kv_cache": False} for r in recs]
                 for key, recs in _parts(decode=[(64, 0.01, 0.02), (1024, 0.012, 0.02)]).items()}
     assert judge("ada-generates-faster", uncached).verdict == UNDECIDED  # timed without the KV cache: no evidence
+    files = _parts(decode=[(64, 0.01, 0.02), (1024, 0.012, 0.02)])
+    files["step_parts", "h200"] += [{"what": "graphed_decode_parts", "kv_cache": True, "context": c,
+                                     "s_per_token": 0.003, "device_s_per_token": 0.003, "host_s_per_token": 0.0}
+                                    for c in (64, 2048)]
+    v = judge("ada-generates-faster", files)  # the course's decoder is evidence beside the verdict, not its input
+    assert v.verdict == UNDECIDED
+    ada, a100 = specs.by_name("RTX 6000 Ada"), specs.by_name("A100 40GB SXM")
+    assert v.evidence["course's graphed decoder, Ada over A100, device x bandwidth"].startswith(
+        f"64: {ada.bandwidth_gbps / a100.bandwidth_gbps:.2f}")
 
 
 def test_ada_generation_confirmed_when_the_projection_favours_the_ada(monkeypatch):
