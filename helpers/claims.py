@@ -307,7 +307,9 @@ def a100_small_batches(load: Loader, gpu: str) -> Verdict:
             "the sweep's steps it was not built from (finetune.json; finetune_timing.json's times over 10 steps where a "
             "point was re-timed), projects the Ada's step time over the A100's "
             f"at every 7B and 13B batch <= {SMALL_BATCH} that trained under both caps, as a range (each scale's "
-            "time off by that error, the host added or hidden): above 1 at every point: confirmed; below 1 at "
+            "time off by that error, the host added or hidden, and each bandwidth part that streams under "
+            f"{step_model.PACED_FRACTION:.0%} of the datasheet bandwidth here scaled by the bandwidth or by the SM "
+            "clock, since one GPU cannot tell which paces it): above 1 at every point: confirmed; below 1 at "
             "every point: refuted; above 1 at some and holding 1 at the others, or mixed: partly; holding 1 "
             "everywhere: not decided")
     parts = load("step_parts", gpu)
@@ -339,8 +341,14 @@ def a100_small_batches(load: Loader, gpu: str) -> Verdict:
         return Verdict(CONFIRMED, rule, evidence)
     if all(f == ada.name for f in faster):
         return Verdict(REFUTED, rule, evidence)
+    unpaced = model.unpaced_parts()
+    evidence["parts paced by the bandwidth or the clock (under "
+             f"{step_model.PACED_FRACTION:.0%} of the bandwidth here)"] = ", ".join(unpaced) or "none"
     if all(f == UNDECIDED for f in faster):
-        return Verdict(UNDECIDED, rule, evidence, "every projected range holds 1")
+        deciding = sorted({r["deciding"] for r in small})
+        return Verdict(UNDECIDED, rule, evidence, "every projected range holds 1" + (
+            f": {', '.join(deciding)} decides, and whether the bandwidth or the SM clock paces it sets the sign"
+            if set(deciding) <= set(unpaced) else ""))
     return Verdict(PARTLY, rule, evidence)
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from helpers import chain, claims, specs
-from helpers.finetune import retime, step_model
+from helpers.finetune import models, retime, step_model
 from helpers.claims import CONFIRMED, PARTLY, REFUTED, UNDECIDED
 from helpers.results import Result
 
@@ -176,14 +176,20 @@ def test_memory_wall_follows_the_datasheets(monkeypatch):
     assert judge("memory-wall", {}).verdict == CONFIRMED
 
 
-def _parts(train_bandwidth_ms=None, decode=None, host_ms=10.0):
+def _parts(train_bandwidth_ms=None, decode=None, host_ms=10.0, streamed=None, matmul_ms=100.0):
+    """Stand-in step parts: each bandwidth part taking ``train_bandwidth_ms``, or (``streamed``) the time its
+    bytes take at that fraction of the H200's datasheet bandwidth."""
     recs = []
-    if train_bandwidth_ms is not None:
+    if train_bandwidth_ms is not None or streamed is not None:
         for batch, padded in ((1, 300.0), (4, 500.0)):
+            work = step_model.work(models.MODELS["7b"], batch, padded)
+            parts = ("nf4 dequantise", "softmax", "optimizer", "element-wise")
+            if streamed is None:
+                ms = {p: train_bandwidth_ms * (batch if p == "element-wise" else 1) for p in parts}
+            else:
+                ms = {p: 1e3 * work[p] / (streamed * H200_SPEC.bandwidth_gbps * 1e9) for p in parts}
             recs.append({"what": "train_parts", "model": "7b", "batch_size": batch, "mean_padded_len": padded,
-                         "matmul ms": 100.0 * batch, "nf4 dequantise ms": train_bandwidth_ms,
-                         "softmax ms": train_bandwidth_ms, "optimizer ms": train_bandwidth_ms,
-                         "element-wise ms": train_bandwidth_ms * batch, "host ms": host_ms})
+                         "matmul ms": matmul_ms * batch, **{f"{p} ms": v for p, v in ms.items()}, "host ms": host_ms})
     for context, device, host in decode or []:
         recs.append({"what": "decode_parts", "kv_cache": True, "context": context, "s_per_token": device + host,
                      "device_s_per_token": device, "host_s_per_token": host})
@@ -207,21 +213,24 @@ def test_a100_small_batches_needs_the_part_model_and_its_validation():
 
 
 def test_a100_small_batches_flips_with_the_parts_and_the_error():
-    bandwidth_heavy = _parts(train_bandwidth_ms=300.0)
+    # bandwidth parts far below the bandwidth: paced by it or by the SM clock, which favour opposite cards
+    slow = judge("a100-small-batches", _with_sweep(_parts(train_bandwidth_ms=300.0)))
+    assert slow.verdict == UNDECIDED and "paces it sets the sign" in slow.why
+    bandwidth_heavy = _parts(streamed=0.8, matmul_ms=5.0)  # streaming near the bandwidth, few FLOPs
     assert judge("a100-small-batches", _with_sweep(bandwidth_heavy)).verdict == CONFIRMED
     assert judge("a100-small-batches", _with_sweep(_parts(train_bandwidth_ms=0.01))).verdict == REFUTED  # FLOPs
     # host-bound: hidden behind the device or not, both cards wait for the same host: a range that holds 1
     host_bound = _with_sweep(_parts(train_bandwidth_ms=300.0, host_ms=1e5))
     assert judge("a100-small-batches", host_bound).verdict == UNDECIDED
     # a narrow margin: decided when the model meets the sweep, not when it misses it by 38% (steps 1.6x its own)
-    narrow = _parts(train_bandwidth_ms=15.0)
+    narrow = _parts(streamed=0.8, matmul_ms=42.0)
     assert judge("a100-small-batches", _with_sweep(narrow)).verdict == CONFIRMED
     assert judge("a100-small-batches", _with_sweep(narrow, off=0.6)).verdict == UNDECIDED
-    assert judge("a100-small-batches", _with_sweep(_parts(train_bandwidth_ms=20.0), off=0.6)).verdict == PARTLY
+    assert judge("a100-small-batches", _with_sweep(_parts(streamed=0.8, matmul_ms=20.0), off=0.6)).verdict == PARTLY
 
 
 def test_a100_small_batches_reads_the_re_timed_steps():
-    narrow = _with_sweep(_parts(train_bandwidth_ms=15.0), off=0.6)  # the sweep's few steps, 60% off the model
+    narrow = _with_sweep(_parts(streamed=0.8, matmul_ms=42.0), off=0.6)  # the sweep's few steps, 60% off the model
     assert judge("a100-small-batches", narrow).verdict == UNDECIDED
     model = step_model.StepModel.from_records(narrow["step_parts", "h200"], H200_SPEC)
     retimed = [{"point": r["point"], "status": "ok", "git_commit": "c" * 40, "measured_at": "2026-12-05T10:00",

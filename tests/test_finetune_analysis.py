@@ -1,7 +1,7 @@
 import pytest
 
 from helpers import specs
-from helpers.finetune import analysis, step_model
+from helpers.finetune import analysis, models, step_model
 
 H200, A100, ADA = specs.by_name("H200"), specs.by_name("A100 40GB SXM"), specs.by_name("RTX 6000 Ada")
 
@@ -50,8 +50,25 @@ def test_validation_pairs_each_run_with_its_own_padded_length():
     assert rows[0]["error"] == pytest.approx(0.0, abs=1e-12) and rows[0]["mean_padded_len"] == 600.0
 
 
+def _streamed(batch, padded, matmul_ms, fraction, host_ms):
+    """A reference whose bandwidth parts each stream their bytes at ``fraction`` of the H200's bandwidth."""
+    work = step_model.work(models.MODELS["7b"], batch, padded)
+    return {**_reference(batch, padded, matmul_ms, 0.0, host_ms),
+            **{f"{p} ms": 1e3 * work[p] / (fraction * H200.bandwidth_gbps * 1e9)
+               for p, scale in step_model.PARTS.items() if scale == "bandwidth"}}
+
+
+def test_parts_far_below_the_bandwidth_may_follow_the_clock_instead():
+    slow = step_model.StepModel.from_records([_reference(4, 500.0, 100.0, 100.0, 1.0)], H200)
+    assert slow.unpaced_parts() == ("nf4 dequantise", "softmax", "optimizer", "element-wise")
+    c = step_model.compare(slow, "7b", 4, 500.0, A100, ADA, 0.0)
+    assert c["ratio"] > 1 and c["low"] < 1 < c["high"]  # the Ada slower by bandwidth, faster by its clock
+    paced = step_model.StepModel.from_records([_streamed(4, 500.0, 100.0, 0.6, 1.0)], H200)
+    assert paced.unpaced_parts() == ()
+
+
 def test_the_card_comparison_follows_the_parts_and_widens_with_the_error():
-    bandwidth_heavy = step_model.StepModel.from_records([_reference(4, 500.0, 100.0, 100.0, 1.0)], H200)
+    bandwidth_heavy = step_model.StepModel.from_records([_streamed(4, 500.0, 20.0, 0.8, 1.0)], H200)
     flops_only = step_model.StepModel.from_records([_reference(4, 500.0, 100.0, 1e-3, 1.0)], H200)
     assert step_model.compare(bandwidth_heavy, "7b", 4, 500.0, A100, ADA, 0.0)["low"] > 1  # Ada slower
     assert step_model.compare(flops_only, "7b", 4, 500.0, A100, ADA, 0.0)["high"] < 1  # Ada faster

@@ -85,6 +85,9 @@ def launches(spec: ModelSpec) -> dict[str, int]:
             "softmax": PASSES * layers}
 
 
+PACED_FRACTION = 0.5  # a bandwidth part that streams at least this fraction of the datasheet bandwidth is paced by it
+
+
 def rate(card: GpuSpec, part: str) -> float:
     """The datasheet rate ``part`` runs against on ``card``: FLOP/s, bytes/s, or 1 for the host."""
     scale = PARTS[part]
@@ -130,6 +133,12 @@ class StepModel:
         built = [build_terms(r, self.here) for r in self.references]
         at = math.log(batch * padded_len)
         return {p: float(np.interp(at, x, [b[p] for b in built])) for p in PARTS}
+
+    def unpaced_parts(self, paced: float = PACED_FRACTION) -> tuple[str, ...]:
+        """The bandwidth parts that reach less than ``paced`` of the datasheet bandwidth at some reference: what
+        paces them, their bytes or their kernels' fixed latency (the SM clock), is not known from one GPU."""
+        built = [build_terms(r, self.here) for r in self.references]
+        return tuple(p for p, scale in PARTS.items() if scale == "bandwidth" and min(b[p] for b in built) < paced)
 
     def predict(self, model: str, batch: int, padded_len: float, card: GpuSpec,
                 factors: dict[str, float] | None = None, overlap: bool = False,
@@ -191,17 +200,20 @@ def uncertainty(rows: list[dict]) -> dict[str, float]:
 def compare(step_model: StepModel, model: str, batch: int, padded_len: float, a: GpuSpec, b: GpuSpec,
             error: float) -> dict:
     """``b``'s step time over ``a``'s: the nominal ratio (host added in full) and its range when each scale's
-    time (tensor, bandwidth, host) is off by up to ``error`` (the same on both cards: the same software) and
-    the host is added or hidden; the part that contributes most to the difference in the device's time (in its
+    time (tensor, bandwidth, host) is off by up to ``error`` (the same on both cards: the same software), the
+    host is added or hidden, and the bandwidth parts that stream far below the bandwidth
+    (:meth:`StepModel.unpaced_parts`) follow it or the SM clock; the part that contributes most to the difference in the device's time (in its
     direction), its seconds, and the nominal ratio if that part followed the SM clock instead (a what-if)."""
     if not 0 <= error < 1:
         raise ValueError(f"error must be in [0, 1), got {error}")
     ratios = []
-    for signs in itertools.product((1 - error, 1 + error), repeat=len(SCALES)):
-        factors = dict(zip(SCALES, signs))
-        for overlap in (False, True):
-            pa, pb = (step_model.predict(model, batch, padded_len, card, factors, overlap) for card in (a, b))
-            ratios.append(pb["step_s"] / pa["step_s"])
+    for clock_parts in ((), step_model.unpaced_parts()):
+        for signs in itertools.product((1 - error, 1 + error), repeat=len(SCALES)):
+            factors = dict(zip(SCALES, signs))
+            for overlap in (False, True):
+                pa, pb = (step_model.predict(model, batch, padded_len, card, factors, overlap, clock_parts)
+                          for card in (a, b))
+                ratios.append(pb["step_s"] / pa["step_s"])
     pa, pb = (step_model.predict(model, batch, padded_len, card) for card in (a, b))
     sign = 1.0 if pb["device_s"] >= pa["device_s"] else -1.0  # the part that moves the device time most that way
     deciding = max((p for p in PARTS if p != "host"), key=lambda p: sign * (pb[p] - pa[p]))
