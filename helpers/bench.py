@@ -154,6 +154,35 @@ def time_in_graph(calls: Sequence[Callable[[], object]], reps: int = 20) -> Timi
     return _summary(times, "cuda-graph")
 
 
+def launch_overhead(kernels: int = 1000, rounds: int = 5) -> dict:
+    """A kernel launch's own cost: ``kernels`` additions of one element (a kernel with nothing to do) issued from
+    Python, timed on the wall clock with the device synchronised before and after (median of ``rounds``), and the
+    same additions captured once in a CUDA graph and replayed (GPU only: the host issues one replay). Returns
+    microseconds per kernel each way; ``graph_us`` is None without a GPU."""
+    if kernels < 1 or rounds < 1:
+        raise ValueError(f"kernels and rounds must be >= 1, got {kernels} and {rounds}")
+    x = torch.zeros(1, device="cuda" if HAS_CUDA else "cpu")
+
+    def issue() -> None:
+        for _ in range(kernels):
+            x.add_(1.0)
+
+    issue()  # warm-up: the kernel loaded, the allocator and the dispatcher's caches filled
+    walls = []
+    for _ in range(rounds):
+        if HAS_CUDA:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        issue()
+        if HAS_CUDA:
+            torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t0)
+    graph = time_in_graph([lambda: x.add_(1.0)] * kernels, reps=rounds) if HAS_CUDA else None
+    return {"kernels": kernels, "rounds": rounds, "python_us": 1e6 * statistics.median(walls) / kernels,
+            "python_us_min": 1e6 * min(walls) / kernels, "python_us_max": 1e6 * max(walls) / kernels,
+            "graph_us": 1e3 * graph.ms if graph else None}
+
+
 def copy_bandwidth(nbytes: int | None = None) -> dict:
     """Measured device copy bandwidth: ``dst.copy_(src)`` of ``nbytes``, counting read + write.
 

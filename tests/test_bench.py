@@ -108,3 +108,12 @@ def test_time_in_graph_times_device_work_per_call():
     t = bench.time_in_graph([lambda d=d, s=s: d.copy_(s) for d, s in zip(dst, src)], reps=5)
     gbps = t.gbps(2 * src[0].numel() * 4)
     assert t.timer == "cuda-graph" and 200 < gbps < 10_000  # a copy's bandwidth, per call
+
+
+def test_launch_overhead_counts_microseconds_per_kernel():
+    got = bench.launch_overhead(kernels=50, rounds=2)
+    assert got["kernels"] == 50 and got["python_us_min"] <= got["python_us"] <= got["python_us_max"]
+    assert 0 < got["python_us"] < 1e4
+    assert (got["graph_us"] is None) == (not torch.cuda.is_available())
+    with pytest.raises(ValueError, match="kernels and rounds"):
+        bench.launch_overhead(kernels=0)
