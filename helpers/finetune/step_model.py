@@ -202,8 +202,9 @@ def compare(step_model: StepModel, model: str, batch: int, padded_len: float, a:
     """``b``'s step time over ``a``'s: the nominal ratio (host added in full) and its range when each scale's
     time (tensor, bandwidth, host) is off by up to ``error`` (the same on both cards: the same software), the
     host is added or hidden, and the bandwidth parts that stream far below the bandwidth
-    (:meth:`StepModel.unpaced_parts`) follow it or the SM clock; the part that contributes most to the difference in the device's time (in its
-    direction), its seconds, and the nominal ratio if that part followed the SM clock instead (a what-if)."""
+    (:meth:`StepModel.unpaced_parts`) follow it or the SM clock; the part that contributes most to the
+    difference in the device's time (in its direction), its seconds, and the nominal ratio if that part alone
+    followed the SM clock instead."""
     if not 0 <= error < 1:
         raise ValueError(f"error must be in [0, 1), got {error}")
     ratios = []
