@@ -8,9 +8,9 @@ Training: the sweep's configuration (eager attention, LoRA r=16, gradient checkp
 Decoding: stock ``generate()`` at batch 1, the time per new token at each context length, split into the
 device's and the host's; and the same split for the course's graphed decoder (notebook 07's last rung, on the
 model without LoRA, as notebook 07 decodes). Writes ``results/<gpu>/step_parts.json`` (on a CPU,
-``.smoke-results/``). A part
-not measured in this run (``--train`` with no points, or ``--contexts`` with none) keeps the file's earlier
-records; every record names the commit and the time it was measured at.
+``.smoke-results/``). A part not measured in this run (``--train`` with no points, or ``--contexts`` or
+``--graphed-contexts`` with none) keeps the file's earlier records; every record names the commit and the
+time it was measured at.
 """
 from __future__ import annotations
 
