@@ -336,14 +336,14 @@ def a100_small_batches(load: Loader, gpu: str) -> Verdict:
         f"{r['ratio']:.2f} ({r['low']:.2f}-{r['high']:.2f} at +-{r['uncertainty']:.0%}), {r['deciding']} decides "
         f"({r['ratio if deciding x clock']:.2f} if it followed the SM clock instead)") for r in small}
     evidence["tie: bandwidth parts / matmul time on this GPU"] = round(step_model.tie_share(here, a100, ada), 2)
+    unpaced = model.unpaced_parts()
+    evidence["parts paced by the bandwidth or the clock (under "
+             f"{step_model.PACED_FRACTION:.0%} of the bandwidth here)"] = ", ".join(unpaced) or "none"
     faster = [r["faster"] for r in small]
     if all(f == a100.name for f in faster):
         return Verdict(CONFIRMED, rule, evidence)
     if all(f == ada.name for f in faster):
         return Verdict(REFUTED, rule, evidence)
-    unpaced = model.unpaced_parts()
-    evidence["parts paced by the bandwidth or the clock (under "
-             f"{step_model.PACED_FRACTION:.0%} of the bandwidth here)"] = ", ".join(unpaced) or "none"
     if all(f == UNDECIDED for f in faster):
         deciding = sorted({r["deciding"] for r in small})
         return Verdict(UNDECIDED, rule, evidence, "every projected range holds 1" + (
