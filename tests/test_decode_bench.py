@@ -136,14 +136,21 @@ def test_warm_up_runs_one_batch_per_tuning_bucket_and_multiple_of_16():
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if p.requires_grad)
 
 
-def test_step_pacing_splits_the_wall_time(tiny_data):
+def test_step_pacing_splits_the_wall_time(tiny_data, monkeypatch):
+    profiled, profile = [], kernels_step.profile_kernels
+
+    def spy(fn, reps):
+        profiled.append(reps)
+        return profile(fn, reps)
+    monkeypatch.setattr(kernels_step, "profile_kernels", spy)
     [r] = kernels_step.pacing_side_by_side("tiny", ["stock"], 2, tiny_data, DEV, steps=2, max_len=32)
+    assert profiled == [2]  # the timed steps, each once, under the profiler: its rows are per step
     assert r["wall_ms_min"] <= r["wall_ms"] <= r["wall_ms_max"] and r["rounds"] == 1
     assert r["idle_ms"] == pytest.approx(max(0.0, r["wall_ms"] - r["kernel_ms"]))
     shares = {k: v for k, v in r.items() if k.endswith(" ms")}
     assert shares and sum(shares.values()) == pytest.approx(r["kernel_ms"])
     assert set(shares) <= {f"{name} ms" for name, _ in kernels_step.CATEGORIES} | {"other ms"}
-    assert 0 < r["kernel_ms"] < 10 * r["wall_ms"]  # profiled per step, as the wall time is
+    assert r["kernel_ms"] > 0
 
 
 def test_kernel_time_per_category_adds_the_profiler_rows():
