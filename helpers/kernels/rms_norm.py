@@ -319,13 +319,16 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torc
         raise ValueError(f"rstd must be the forward's contiguous fp32 statistics of shape {tuple(x.shape[:-1])} "
                          f"on {x.device}; got {got}")
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    dweight = torch.zeros(n, dtype=weight.dtype, device=x.device) if weight_grad else None
     if x.numel() == 0:
-        return dx, dweight
+        return dx, torch.zeros(n, dtype=weight.dtype, device=x.device) if weight_grad else None
+    dweight = torch.empty(n, dtype=weight.dtype, device=x.device) if weight_grad else None  # every element summed
     x2, m, cfg, rows, programs = _launch(x, n, config or backward_config(n, x.dtype))
-    part = torch.zeros(programs, n, dtype=torch.float32, device=x.device) if weight_grad else dx
+    single = cfg.block_n >= n
+    # a whole-row program stores its partial sums once; a chunked one adds into them chunk by chunk
+    part = (torch.empty if single else torch.zeros)(programs, n, dtype=torch.float32, device=x.device) \
+        if weight_grad else dx
     _rms_norm_bwd_kernel[(programs,)](x2, weight, dy.contiguous(), rstd, dx, part, m, n, x2.stride(0),
-                                      BLOCK_N=cfg.block_n, ROWS=rows, SINGLE=cfg.block_n >= n,
+                                      BLOCK_N=cfg.block_n, ROWS=rows, SINGLE=single,
                                       EVEN_N=cfg.block_n == n, HAS_DW=weight_grad, num_warps=cfg.num_warps)
     if weight_grad:  # the LayerNorm's reduction kernel, its first output only (grid of one along k)
         block_c = min(256, triton.next_power_of_2(n))
