@@ -24,7 +24,7 @@ class Timing:
     ms_p20: float
     ms_p80: float
     reps: int
-    timer: str  # "cuda-events", "cuda-graph" or "perf_counter"
+    timer: str  # "cuda-events", "cuda-graph", "perf_counter" or "host"
 
     def gbps(self, nbytes: float) -> float:
         """Bandwidth in GB/s (1e9 bytes/s) if the call moves ``nbytes``."""
@@ -152,6 +152,29 @@ def time_in_graph(calls: Sequence[Callable[[], object]], reps: int = 20) -> Timi
         end.synchronize()
         times.append(start.elapsed_time(end) / len(calls))
     return _summary(times, "cuda-graph")
+
+
+def host_time(fn: Callable[[], object], calls: int = 100, rounds: int = 5) -> Timing:
+    """The host's time to issue one ``fn()``: ``calls`` back-to-back calls on the wall clock, the device never
+    waited for inside a round (synchronised only before it starts), ms per call, median of ``rounds``. What a
+    call costs the CPU (Python, argument checks, allocations, launches), apart from how long its kernels run;
+    while it is above the device's time, the call is paced by the host. A call that waits for the device
+    (``.item()``, a copy to the host) or more queued kernels than the driver's queue holds (about a thousand)
+    measure the device too. On the CPU the call's whole time."""
+    if calls < 1 or rounds < 1:
+        raise ValueError(f"calls and rounds must be >= 1, got {calls} and {rounds}")
+    fn()  # warm-up: compilation, the allocator's blocks, the dispatcher's caches
+    times = []
+    for _ in range(rounds):
+        if HAS_CUDA:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append(1e3 * (time.perf_counter() - t0) / calls)
+    if HAS_CUDA:
+        torch.cuda.synchronize()
+    return _summary(times, "host")
 
 
 def launch_overhead(kernels: int = 1000, rounds: int = 5) -> dict:

@@ -9,7 +9,9 @@ forward+backward, two ways:
 * ``python``: CUDA events around back-to-back calls from Python, no cache flush in between, so the host's work
   (autograd, argument checks, launches) is in the time when it is longer than the GPU's: what a user sees;
 * ``device``: the same call captured once into a CUDA graph and replayed (``bench.time_in_graph``): the GPU's
-  time alone.
+  time alone;
+* ``host``: the host's time to issue the call, the GPU running behind (``bench.host_time``): where ``python`` is
+  above ``device``, this is what paces the call.
 
 Every implementation's output is compared with eager PyTorch's on the same inputs (``max_abs_diff``), so a fast
 row that computes something else shows. Liger-Kernel is optional (``pip install liger-kernel``): without it,
@@ -26,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from . import attention_bench, chain, decode_bench
-from .bench import time_fn, time_in_graph
+from .bench import host_time, time_fn, time_in_graph
 from .device import DEVICE, HAS_CUDA, pick
 from .kernels.fused_bias_gelu_layernorm import fused_bias_gelu_layernorm
 from .kernels.rms_norm import rms_norm
@@ -34,9 +36,10 @@ from .kernels.rotary import rotary
 from .kernels.swiglu import swiglu
 
 KERNELS = ("rms_norm", "layer_norm", "swiglu", "rotary", "attention", "nf4_gemv")
-TIMINGS = ("python", "device")
+TIMINGS = ("python", "device", "host")
 TIMING = pick(full={}, smoke={"warmup_ms": 0, "rep_ms": 1, "min_reps": 1})
 GRAPH_REPS = pick(full=20, smoke=1)
+HOST_TIMING = pick(full={"calls": 50, "rounds": 5}, smoke={"calls": 1, "rounds": 1})
 # torch.compile past its recompile limit falls back to eager without a word: here that is an error, recorded
 NO_SILENT_EAGER = ({"fail_on_recompile_limit_hit": True}
                    if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit") else {})
@@ -212,11 +215,13 @@ def _max_abs_diff(case: Case, impl: str) -> float:
 
 
 def _time(run: Callable[[], object], timing: str):
+    if timing == "host":
+        return host_time(run, **HOST_TIMING)
     return time_fn(run, flush_l2=False, **TIMING) if timing == "python" else time_in_graph([run], reps=GRAPH_REPS)
 
 
 def measure(case: Case) -> list[dict]:
-    """Every implementation of ``case``, each pass it has, timed both ways: one record per timing. An
+    """Every implementation of ``case``, each pass it has, timed each way (``TIMINGS``): one record per timing. An
     implementation that fails (no kernel for the shape, a graph it cannot be captured in) is a record too, with
     ``status`` naming the error and no time."""
     torch._dynamo.reset()  # each case compiles afresh: one function over many shapes would reach the recompile limit

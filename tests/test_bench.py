@@ -117,3 +117,17 @@ def test_launch_overhead_counts_microseconds_per_kernel():
     assert (got["graph_us"] is None) == (not torch.cuda.is_available())
     with pytest.raises(ValueError, match="kernels and rounds"):
         bench.launch_overhead(kernels=0)
+
+
+def test_host_time_is_the_issuing_time_per_call():
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(1e-3)  # 1 ms of host work a call: never less under load
+
+    t = bench.host_time(fn, calls=4, rounds=3)
+    assert len(calls) == 1 + 4 * 3 and t.reps == 3 and t.timer == "host"
+    assert 1.0 <= t.ms_p20 <= t.ms <= t.ms_p80
+    with pytest.raises(ValueError, match="calls and rounds"):
+        bench.host_time(fn, calls=0)
