@@ -1,0 +1,108 @@
+"""Where the host's time goes when the course's norms are called from Python, forward+backward.
+
+    python scripts/host_overhead.py [--calls 200]
+
+For RMSNorm and the fused bias+GELU+LayerNorm on a small shape (the device's time is far below the host's):
+the host's time per call (``bench.host_time``) of each layer of the call, from one PyTorch launch and the bare
+Triton launches up to ``torch.autograd.grad`` through the autograd Function, beside the device's time (one CUDA
+graph); then Python's profiler over the forward+backward calls, the functions that take the most time. Writes
+``results/<gpu>/host_overhead.json`` (on a CPU, ``.smoke-results/``) and prints both.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+
+import torch
+
+import helpers  # first: on a machine without a GPU it sets the Triton interpreter up
+from helpers import bench, results
+from helpers.device import DEVICE, pick
+from helpers.kernels import fused_bias_gelu_layernorm as ln
+from helpers.kernels import rms_norm as rms
+
+
+class _Identity(torch.autograd.Function):
+    """The autograd Function's own floor: forward and backward that launch nothing."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy
+
+
+def _grad(fn, leaves):
+    out = fn()
+    dy = torch.randn_like(out)
+    return lambda: torch.autograd.grad(fn(), leaves, dy)
+
+
+def layers(m: int, n: int) -> dict[str, callable]:
+    """Each layer of a norm's Python call, as a function of no arguments."""
+    x = torch.randn(m, n, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(n, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(n, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    xd, wd, bd = x.detach(), w.detach(), b.detach()
+    y, rstd = rms.forward(xd, wd)
+    dy = torch.randn_like(y)
+    cfg = rms.forward_config(n, xd.dtype)
+    rows, programs = rms._grid(m, cfg, xd.device)
+
+    def rms_kernel_only():
+        rms._rms_norm_fwd_kernel[(programs,)](xd, xd, xd, wd, y, rstd, m, n, n, n, 1e-6, BLOCK_N=cfg.block_n,
+                                              ROWS=rows, SINGLE=cfg.block_n >= n, EVEN_N=cfg.block_n == n,
+                                              HAS_RES=False, num_warps=cfg.num_warps)
+    _, mean, lrstd = ln.forward(xd, bd, wd, bd)
+    return {
+        "torch add (one launch)": lambda: xd.add(1.0),
+        "identity autograd.Function, grad": _grad(lambda: _Identity.apply(x), [x]),
+        "rms_norm: forward kernel launch alone": rms_kernel_only,
+        "rms_norm: forward host function": lambda: rms.forward(xd, wd),
+        "rms_norm: backward host function": lambda: rms.backward(dy, xd, wd, rstd),
+        "rms_norm: autograd forward": lambda: rms.rms_norm(x, w),
+        "rms_norm: autograd forward+backward (grad)": _grad(lambda: rms.rms_norm(x, w), [x, w]),
+        "layer_norm: forward host function": lambda: ln.forward(xd, bd, wd, bd),
+        "layer_norm: backward host function": lambda: ln.backward(dy, xd, bd, wd, mean, lrstd),
+        "layer_norm: autograd forward+backward (grad)":
+            _grad(lambda: ln.fused_bias_gelu_layernorm(x, b, w, b), [x, b, w]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=pick(full=200, smoke=2))
+    args = parser.parse_args()
+    print(helpers.describe())
+    m, n = pick(full=(4096, 4096), smoke=(6, 40))
+    records = []
+    for name, fn in layers(m, n).items():
+        host = bench.host_time(fn, calls=args.calls)
+        device = bench.time_in_graph([fn], reps=pick(full=20, smoke=1))
+        records.append({"what": name, "shape": f"{m} x {n}", "dtype": "bf16", "host_ms": host.ms,
+                        "host_ms_p20": host.ms_p20, "host_ms_p80": host.ms_p80,
+                        "device_ms": device.ms})
+        print(f"{name:48s} host {1e3 * host.ms:8.1f} us   device {1e3 * device.ms:8.1f} us")
+    for norm, fn in (("rms_norm", layers(m, n)["rms_norm: autograd forward+backward (grad)"]),
+                     ("layer_norm", layers(m, n)["layer_norm: autograd forward+backward (grad)"])):
+        fn()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.calls):
+            fn()
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+        print(f"\n{norm}, forward+backward, {args.calls} calls: Python's profiler, most time first")
+        print(text.getvalue())
+        records.append({"what": f"{norm}: profile of forward+backward", "calls": args.calls,
+                        "profile": text.getvalue()})
+    print(f"-> {results.save('host_overhead', records)}")
+
+
+if __name__ == "__main__":
+    main()
