@@ -64,10 +64,13 @@ def layers(m: int, n: int) -> dict[str, callable]:
         "rms_norm: forward kernel launch alone": rms_kernel_only,
         "rms_norm: forward host function": lambda: rms.forward(xd, wd),
         "rms_norm: backward host function": lambda: rms.backward(dy, xd, wd, rstd),
+        "rms_norm: backward, unchecked (autograd's)": lambda: rms._backward(dy, xd, wd, rstd, n, None, True),
         "rms_norm: autograd forward": lambda: rms.rms_norm(x, w),
         "rms_norm: autograd forward+backward (grad)": _grad(lambda: rms.rms_norm(x, w), [x, w]),
         "layer_norm: forward host function": lambda: ln.forward(xd, bd, wd, bd),
         "layer_norm: backward host function": lambda: ln.backward(dy, xd, bd, wd, mean, lrstd),
+        "layer_norm: backward, unchecked (autograd's)":
+            lambda: ln._backward(dy, xd, bd, wd, mean, lrstd, n, ln._gelu_mode("auto", xd.dtype), None),
         "layer_norm: autograd forward+backward (grad)":
             _grad(lambda: ln.fused_bias_gelu_layernorm(x, b, w, b), [x, b, w]),
     }

@@ -536,6 +536,13 @@ def backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, weight: torc
             got = f"{tuple(t.shape)}, {t.dtype}, {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name} must be the forward's contiguous fp32 statistics of shape "
                              f"{tuple(x.shape[:-1])} on {x.device}; got {got}")
+    return _backward(dy, x, bias, weight, mean, rstd, n, mode, config)
+
+
+def _backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor | None,
+              mean: torch.Tensor, rstd: torch.Tensor, n: int, mode: int, config: Config | None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`backward` without its checks: for the autograd Function, whose tensors the forward checked."""
     dy = dy.contiguous()
     dx = torch.empty_like(x)
     if x.numel() == 0:
@@ -563,14 +570,14 @@ class FusedBiasGeluLayerNormFunction(torch.autograd.Function):
     def forward(ctx, x, bias, weight, ln_bias, eps, gelu):
         y, mean, rstd = forward(x, bias, weight, ln_bias, eps, gelu)
         ctx.save_for_backward(x, bias, weight, mean, rstd)
-        ctx.gelu = gelu
+        ctx.mode = _gelu_mode(gelu, x.dtype)
         ctx.has = (weight is not None, ln_bias is not None)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, bias, weight, mean, rstd = ctx.saved_tensors
-        dx, dbias, dweight, dln_bias = backward(dy, x, bias, weight, mean, rstd, ctx.gelu)
+        x, bias, weight, mean, rstd = ctx.saved_tensors  # checked by the forward; dy has the output's shape
+        dx, dbias, dweight, dln_bias = _backward(dy, x, bias, weight, mean, rstd, x.shape[-1], ctx.mode, None)
         return dx, dbias, dweight if ctx.has[0] else None, dln_bias if ctx.has[1] else None, None, None
 
 

@@ -318,6 +318,12 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torc
             else type(rstd).__name__
         raise ValueError(f"rstd must be the forward's contiguous fp32 statistics of shape {tuple(x.shape[:-1])} "
                          f"on {x.device}; got {got}")
+    return _backward(dy, x, weight, rstd, n, config, weight_grad)
+
+
+def _backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, n: int,
+              config: Config | None, weight_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`backward` without its checks: for the autograd Function, whose tensors the forward checked."""
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return dx, torch.zeros(n, dtype=weight.dtype, device=x.device) if weight_grad else None
@@ -349,8 +355,8 @@ class RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, rstd = ctx.saved_tensors
-        dx, dweight = backward(dy, x, weight, rstd, ctx.config, weight_grad=ctx.needs_input_grad[1])
+        x, weight, rstd = ctx.saved_tensors  # checked by the forward; autograd gives dy the output's shape
+        dx, dweight = _backward(dy, x, weight, rstd, x.shape[-1], ctx.config, ctx.needs_input_grad[1])
         return dx if ctx.needs_input_grad[0] else None, dweight, None, None
 
 
