@@ -14,6 +14,7 @@ OPTIONS = {
     "flash_attention_bench": ["--B", "--H", "--S", "--D", "--dtype", "--impls", "--passes"],
     "fused_bias_gelu_layernorm_tune": ["--out", "--top", "--ns", "--block", "--passes", "--dtypes", "--gelu", "--rows",
                                        "--num-warps", "--programs-per-sm", "--loads"],
+    "host_overhead": ["--calls"],
     "l2_flush_check": [],
     "nf4_gemv_tune": ["--rows", "--top", "--block-n", "--block-k", "--num-warps", "--split-k"],
     "nf4_linear_cost": ["--calls"],
