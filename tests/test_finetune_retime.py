@@ -115,3 +115,11 @@ def test_merged_takes_the_times_and_keeps_the_memory():
     assert out[1]["step_s"] == 9.0 and out[1]["timed_from"] == "sweep" and out[1]["timed_steps"] == 3
     assert out[2]["status"] == "oom" and out[2]["timed_from"] == "sweep"
     assert sweep_records[0]["step_s"] == 9.0  # the sweep's own records are not changed
+
+
+def test_select_keeps_the_points_asked_for():
+    points = sweep.plan(["7b", "13b"], [1, 4, 16], [None, 40, 48], generate=False)
+    got = retime.select(points, models=["13b"], max_batch=4, caps=[40, 48])
+    assert {(p.model, p.batch_size, p.cap_gb) for p in got} == {("13b", b, c) for b in (1, 4) for c in (40, 48)}
+    assert retime.select(points) == points
+    assert {p.cap_gb for p in retime.select(points, caps=[None])} == {None}

@@ -1,6 +1,7 @@
 """The sweep's step times measured again over more steps, the model built once per group of points.
 
     python -m helpers.finetune.retime --budget-s 480     # a chunk of the full plan; run again to go on
+    python -m helpers.finetune.retime --models 13b --max-batch 4 --caps 40 48   # what a verdict reads, first
 
 A sweep point (``helpers.finetune.point``) builds its model in a fresh process, so that its peak memory and its
 out-of-memory verdict owe nothing to an earlier point; it times only a few steps. Small batches wait on the
@@ -54,6 +55,14 @@ def todo(points: list[PointSpec], sweep_records: list[dict]) -> list[PointSpec]:
     ok = {r["point"] for r in sweep_records if r.get("kind") == "train" and r.get("status") == "ok"
           and r.get("measured", True)}
     return [p for p in points if p.kind == "train" and p.key() in ok]
+
+
+def select(points: list[PointSpec], models: list[str] | None = None, max_batch: int | None = None,
+           caps: list[float | None] | None = None) -> list[PointSpec]:
+    """The points of ``points`` of ``models``, at batch sizes up to ``max_batch`` and under ``caps`` (None as a
+    cap: the whole card); an argument left None keeps every value. To re-time first what a verdict reads."""
+    return [p for p in points if (models is None or p.model in models)
+            and (max_batch is None or p.batch_size <= max_batch) and (caps is None or p.cap_gb in caps)]
 
 
 def time_group(specs: list[PointSpec], data: TokenizedData, device: torch.device, deadline: float,
@@ -193,8 +202,14 @@ def main(argv: list[str] | None = None) -> None:
         return _child(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget-s", type=float, default=None, help="start no new point after this many seconds")
+    parser.add_argument("--models", nargs="+", default=None, help="only these models (default: all)")
+    parser.add_argument("--max-batch", type=int, default=None, help="only batch sizes up to this one")
+    parser.add_argument("--caps", nargs="+", default=None,
+                        help="only these memory caps in GiB, 'none' for the whole card (default: all)")
     args = parser.parse_args(argv)
+    caps = None if args.caps is None else [None if c == "none" else float(c) for c in args.caps]
     points = pick(full=full_plan, smoke=lambda: plan(["tiny"], [1, 2, 4], [0.15], generate=False, max_len=128))()
+    points = select(points, args.models, args.max_batch, caps)
     sweep_records = results.load("finetune", scale=SCALE).records
     records = run(points, sweep_records, budget_s=args.budget_s)
     left = [p for p in todo(points, sweep_records) if p.key() not in {r["point"] for r in records}]
