@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import time
 
 import torch
 import triton
@@ -35,18 +34,6 @@ GRID = {"fwd": {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16, 32), "programs_per
         "bwd": {"rows": (1, 2, 4), "num_warps": (4, 8, 16), "programs_per_sm": (1, 2, 4), "loads": ("prefetch", 1)}}
 PER_THREAD = {"fwd": (4, 64), "bwd": (2, 32)}  # elements of a tile per thread worth trying (fewer idle, more spill)
 TIMING = {"warmup_ms": 5, "rep_ms": 25, "min_reps": 10, "flush_l2": "read"}  # as notebook 04 times
-
-
-def _host_ms(fn, calls: int = 50) -> float:
-    """Milliseconds Python takes to issue ``fn`` (no synchronisation inside the loop)."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    issued = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return 1e3 * issued / calls
 
 
 def main() -> None:
@@ -125,7 +112,7 @@ def main() -> None:
         leaves = [t.clone().requires_grad_() for t in (x, b, w, lb)]
         both = lambda: torch.autograd.grad(K.fused_bias_gelu_layernorm(*leaves), leaves, dy)  # noqa: E731, F821
         gpu = bench.time_fn(both, **TIMING).ms
-        host = _host_ms(both)
+        host = bench.host_time(both, calls=50).ms
         print(f"fwd+bwd {dname} N={n}: {gpu * 1e3:.1f} us timed, {host * 1e3:.1f} us to issue from Python")
         rows_out.append({"pass": "fwd+bwd", "dtype": dname, "N": n, "ms": gpu, "host_ms": host})
         del x, dy, leaves
