@@ -1,0 +1,114 @@
+"""Measure RMSNorm's launch shapes on this GPU beside Liger-Kernel and torch.compile, in one run.
+
+    python scripts/rms_norm_tune.py [--ns 4096 5120 8192] [--weights bf16 fp32] [--passes fwd bwd] [--top 3]
+
+RMSNorm borrows the fused bias + GELU + LayerNorm kernel's launch table (``rms_norm.forward_config``), measured
+for a kernel with far more arithmetic an element. For Llama's widths at the side-by-side run's shapes (bf16
+activations; the weight bf16, or fp32 as in a QLoRA model), this times every ``Config`` of a small grid (rows
+per program x warps x programs per SM), forward and backward (with the weight's gradient), each checked against
+the table's launch first, on the device (CUDA events, L2 flushed by a read, median). Liger-Kernel's RMSNorm
+(when installed), ``torch.compile`` of transformers' formula and the course's autograd call with the table's
+launches are timed the same way in the same run, forward and forward+backward through autograd. Prints
+the fastest few against the copy bandwidth and the peers, and writes ``results/<gpu>/rms_norm_tune.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+from typing import Callable
+
+import torch
+
+from helpers import bench, peers, pick, require_cuda, results  # first: sets the Triton interpreter up on a CPU
+from helpers.kernels import rms_norm as R
+
+ROWS = {4096: 32768, 5120: 16384, 8192: 8192}  # M for each N: the side-by-side run's shapes
+GRID = {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16), "programs_per_sm": (1, 2, 4, 8, 16)}
+TIMING = pick(full={"warmup_ms": 5, "rep_ms": 25, "min_reps": 10, "flush_l2": "read"},
+              smoke={"warmup_ms": 0, "rep_ms": 1, "min_reps": 1, "flush_l2": False})
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def peer_calls(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dict[str, dict[str, Callable]]:
+    """pass ("fwd" or "fwd+bwd", through autograd) -> implementation -> a call of no arguments."""
+    impls = {"course (table)": lambda a, b: R.rms_norm(a, b, peers.EPS),
+             "compile": torch.compile(peers.eager_rms_norm)}
+    if peers.has_liger():
+        from liger_kernel.transformers.functional import liger_rms_norm
+        impls["liger"] = lambda a, b: liger_rms_norm(a, b, peers.EPS)
+    leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+
+    def both(f: Callable, grad: torch.Tensor) -> tuple:
+        return torch.autograd.grad(f(*leaves), leaves, grad)
+
+    out: dict[str, dict[str, Callable]] = {"fwd": {}, "fwd+bwd": {}}
+    for name, f in impls.items():
+        out["fwd"][name] = functools.partial(f, x, w)
+        grad = dy.to(f(x, w).dtype)  # Liger's output keeps x's dtype; the others promote to the weight's
+        out["fwd+bwd"][name] = functools.partial(both, f, grad)
+    return out
+
+
+def tune_shape(n: int, wname: str, passes: list[str], top: int, copy: float) -> list[dict]:
+    """The course's launches and its peers for one row width and weight dtype: every timing a record."""
+    records = []
+    m = ROWS[n]
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, device="cuda", dtype=DTYPES[wname])
+    y, rstd = R.forward(x, w)
+    dy = torch.randn_like(y)
+    course = {"fwd": lambda cfg: R.forward(x, w, config=cfg)[0],
+              "bwd": lambda cfg: R.backward(dy, x, w, rstd, config=cfg)[0]}
+    out_bytes = y.element_size()
+    moved = {"fwd": m * n * (2 + out_bytes), "bwd": m * n * (2 + out_bytes + 2)}  # x (and dy) read, y (dx) written
+    table = {"fwd": R.forward_config(n, x.dtype), "bwd": R.backward_config(n, x.dtype)}
+    best = {}
+    for pas in passes:
+        reference = course[pas](table[pas])
+        timed = []
+        for rows, warps, pps in itertools.product(*GRID.values()):
+            cfg = R.Config(table[pas].block_n, rows, warps, pps, prefetch=False)
+            if not torch.allclose(course[pas](cfg).float(), reference.float(), rtol=1e-2, atol=1e-2):
+                raise AssertionError(f"{pas} N={n} weight {wname} {cfg}: result differs from the table's launch")
+            ms = bench.time_fn(functools.partial(course[pas], cfg), **TIMING).ms
+            timed.append((ms, cfg))
+            records.append({"pass": pas, "N": n, "M": m, "weight": wname, "impl": "course", "rows": rows,
+                            "num_warps": warps, "programs_per_sm": pps, "table": cfg == table[pas], "ms": ms,
+                            "pct_copy": 100 * moved[pas] / ms / 1e6 / copy})
+        timed.sort(key=lambda t: t[0])
+        best[pas] = timed[0][0]
+        print(f"{pas} {m} x {n}, weight {wname}, the course's launches, fastest first:")
+        for ms, cfg in timed[:top]:
+            print(f"    rows={cfg.rows} warps={cfg.num_warps:2d} pps={cfg.programs_per_sm:2d}: {ms * 1e3:7.1f} us, "
+                  f"{100 * moved[pas] / ms / 1e6 / copy:5.1f}% of copy")
+    for pas, fns in peer_calls(x, w, dy).items():
+        line = []
+        for impl, fn in fns.items():
+            ms = bench.time_fn(fn, **TIMING).ms
+            records.append({"pass": pas, "N": n, "M": m, "weight": wname, "impl": impl, "ms": ms})
+            line.append(f"{impl} {ms * 1e3:.1f} us")
+        ours = best.get("fwd") if pas == "fwd" else sum(best.values()) if len(best) == 2 else None
+        mine = "" if ours is None else f"; the course's best launch(es) {ours * 1e3:.1f} us"
+        print(f"{pas} {m} x {n}, weight {wname}: " + ", ".join(line) + mine)
+    return records
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ns", type=int, nargs="+", default=list(ROWS), choices=list(ROWS), help="row widths")
+    parser.add_argument("--weights", nargs="+", choices=tuple(DTYPES), default=list(DTYPES), help="weight dtypes")
+    parser.add_argument("--passes", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"])
+    parser.add_argument("--top", type=int, default=3)
+    args = parser.parse_args()
+    require_cuda("tuning RMSNorm's launches")
+    copy = bench.copy_bandwidth()["gbps"]
+    print(f"copy bandwidth {copy:,.0f} GB/s; Liger-Kernel " + ("installed" if peers.has_liger() else "not here"))
+    records = []
+    for n, wname in itertools.product(args.ns, args.weights):
+        records += tune_shape(n, wname, args.passes, args.top, copy)
+    print(f"-> {results.save('rms_norm_tune', records)}")
+
+
+if __name__ == "__main__":
+    main()
