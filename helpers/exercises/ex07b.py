@@ -16,7 +16,8 @@ def _copy_fraction() -> tuple[float, str]:
     [copy] = [r["gbps"] for r in results.load("ceilings", gpu="h200").where(what="copy")]
     nbytes = 2 * M * N * 2  # x read once, y written once, bf16; the weight and the statistics are a rounding error
     fraction = nbytes / (ms * 1e-3) / 1e9 / copy
-    return fraction, (f"{nbytes / 1e6:.0f} MB (x read, y written, 2 bytes each) in {ms:.3f} ms is "
+    return fraction, (f"{nbytes / 1e6:.0f} MB (x read, y written, 2 bytes each) in {ms:.3f} ms (device time: the "
+                      f"call replayed from a CUDA graph, results/h200/peers.json) is "
                       f"{nbytes / (ms * 1e-3) / 1e9:,.0f} GB/s; over the H200's copy bandwidth as notebook 00 "
                       f"measured it ({copy:,.0f} GB/s, results/h200/ceilings.json): {fraction:.2f}")
 
