@@ -268,8 +268,17 @@ def run(kernels: tuple[str, ...] = KERNELS, progress: Callable[[str], None] | No
 
 def ratios(records: list[dict], peer: str, impl: str = "course") -> list[dict]:
     """``peer``'s time over ``impl``'s for every (kernel, shape, dtype, causal, pass, timing) both have:
-    above 1, ``impl`` is faster."""
+    above 1, ``impl`` is faster. Where the records have percentiles, ``low``/``high`` bound the ratio over both
+    timings' spread: ``peer``'s 20th percentile over ``impl``'s 80th, and the reverse."""
     key = ("kernel", "shape", "dtype", "causal", "pass", "timing")
-    by = {(tuple(r[k] for k in key), r["impl"]): r["ms"] for r in records if r["ms"]}
-    return [{**dict(zip(key, k)), "peer": peer, "ratio": by[(k, peer)] / ms}
-            for (k, i), ms in by.items() if i == impl and (k, peer) in by]
+    by = {(tuple(r[k] for k in key), r["impl"]): r for r in records if r["ms"]}
+    out = []
+    for (k, i), mine in by.items():
+        theirs = by.get((k, peer))
+        if i != impl or theirs is None:
+            continue
+        row = {**dict(zip(key, k)), "peer": peer, "ratio": theirs["ms"] / mine["ms"]}
+        if mine.get("ms_p80") and theirs.get("ms_p20"):
+            row.update(low=theirs["ms_p20"] / mine["ms_p80"], high=theirs["ms_p80"] / mine["ms_p20"])
+        out.append(row)
+    return out

@@ -44,6 +44,14 @@ def test_ratios_pair_the_same_timing_of_the_same_case():
                                                "timing": "python", "peer": "liger", "ratio": 1.5}]
 
 
+def test_ratios_bound_the_ratio_by_both_spreads():
+    base = {"kernel": "swiglu", "shape": "s", "dtype": "bf16", "causal": None, "pass": "fwd", "timing": "device"}
+    records = [{**base, "impl": "course", "ms": 2.0, "ms_p20": 1.6, "ms_p80": 2.5},
+               {**base, "impl": "liger", "ms": 3.0, "ms_p20": 2.5, "ms_p80": 4.0}]
+    [row] = peers.ratios(records, "liger")
+    assert row["ratio"] == 1.5 and row["low"] == 1.0 and row["high"] == 2.5
+
+
 def test_unknown_kernels_are_refused_by_name():
     with pytest.raises(ValueError, match="unknown kernels \\['gemm'\\]"):
         peers.run(("gemm",))
