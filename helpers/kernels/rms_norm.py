@@ -26,9 +26,11 @@ rows' share in registers and writes one row of fp32 partial sums, and the second
 fused LayerNorm adds the partial rows in a fixed order (deterministic). A weight that needs no
 gradient (a frozen QLoRA norm) skips both.
 
-Launch shapes (:class:`Config`, the one of the fused LayerNorm) default to the shapes measured on the
-H200 for the fused bias + GELU + LayerNorm kernel, which moves the same bytes per element and reduces
-rows the same way; ``config=`` overrides them for sweeps on the GPU.
+Launch shapes (:class:`Config`, the one of the fused LayerNorm): RMSNorm's own table for 16-bit rows of
+Llama's widths (whole rows in blocks of 4096 or 8192; measured by ``scripts/rms_norm_tune.py`` on Hopper,
+``results/<gpu>/rms_norm_tune.json``); other widths and dtypes take the fused bias + GELU + LayerNorm kernel's
+table, which moves the same bytes per element and reduces rows the same way. ``config=`` overrides them for
+sweeps on the GPU.
 
 In the Triton interpreter (no GPU) fp32 -> bf16 conversions truncate instead of rounding to nearest,
 so bf16 results there can be one bf16 step off from a GPU's; fp16 and fp32 are rounded as on a GPU.
@@ -185,15 +187,28 @@ def _rms_norm_bwd_kernel(X, W, DY, RSTD, DX, PART, M, N, stride_x,
 
 
 # ---------------------------------------------------------------------------------- launch shapes
+# (bits of x, block) -> (rows, num_warps, programs_per_sm). The forward streams: many programs, a few rows each.
+# The backward keeps one program an SM, each adding its rows' d(weight) in registers: fewer partial rows to sum.
+_FORWARD_TABLE = {(16, 4096): (4, 8, 16), (16, 8192): (2, 8, 16)}
+_BACKWARD_TABLE = {(16, 4096): (4, 16, 1), (16, 8192): (2, 16, 1)}
+
+
+def _own(table: dict, fallback: Config, dtype: torch.dtype) -> Config:
+    """RMSNorm's measured launch for ``fallback``'s block where ``table`` has it, else ``fallback``."""
+    key = (8 * dtype.itemsize, fallback.block_n)
+    return Config(fallback.block_n, *table[key], prefetch=False) if key in table else fallback
+
+
 def forward_config(n: int, dtype: torch.dtype) -> Config:
-    """The forward's launch shape for rows of ``n`` elements of ``dtype`` (the input's): the fused
-    LayerNorm forward's H200 table (a whole row in one block up to 16384 elements)."""
-    return layernorm_forward_config(n, dtype)
+    """The forward's launch shape for rows of ``n`` elements of ``dtype`` (the input's): RMSNorm's own
+    table where it has the row's block, else the fused LayerNorm forward's (a whole row in one block up to
+    16384 elements)."""
+    return _own(_FORWARD_TABLE, layernorm_forward_config(n, dtype), dtype)
 
 
 def backward_config(n: int, dtype: torch.dtype) -> Config:
     """The backward's launch shape (see :func:`forward_config`; one block holds up to 8192 elements)."""
-    return layernorm_backward_config(n, dtype)
+    return _own(_BACKWARD_TABLE, layernorm_backward_config(n, dtype), dtype)
 
 
 def _grid(m: int, cfg: Config, device: torch.device) -> tuple[int, int]:
