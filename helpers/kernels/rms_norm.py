@@ -37,6 +37,7 @@ so bf16 results there can be one bf16 step off from a GPU's; fp16 and fp32 are r
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -199,6 +200,7 @@ def _own(table: dict, fallback: Config, dtype: torch.dtype) -> Config:
     return Config(fallback.block_n, *table[key], prefetch=False) if key in table else fallback
 
 
+@functools.lru_cache(maxsize=None)
 def forward_config(n: int, dtype: torch.dtype) -> Config:
     """The forward's launch shape for rows of ``n`` elements of ``dtype`` (the input's): RMSNorm's own
     table where it has the row's block, else the fused LayerNorm forward's (a whole row in one block up to
@@ -206,6 +208,7 @@ def forward_config(n: int, dtype: torch.dtype) -> Config:
     return _own(_FORWARD_TABLE, layernorm_forward_config(n, dtype), dtype)
 
 
+@functools.lru_cache(maxsize=None)
 def backward_config(n: int, dtype: torch.dtype) -> Config:
     """The backward's launch shape (see :func:`forward_config`; one block holds up to 8192 elements)."""
     return _own(_BACKWARD_TABLE, layernorm_backward_config(n, dtype), dtype)
