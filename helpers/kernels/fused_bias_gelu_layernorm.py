@@ -35,7 +35,7 @@ import triton.language as tl
 
 from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernels are defined
 from . import check_powers_of_two, check_triton_device
-from .rowwise import sm_count, sum_partials_kernel, tile_mask
+from .rowwise import cdiv, next_power_of_2, sm_count, sum_partials_kernel, tile_mask
 
 # The GELU variants as the kernels' GELU argument names them (tl.constexpr: the only globals a @triton.jit
 # function may read); GELU_MODES maps ``gelu=`` to them.
@@ -404,12 +404,12 @@ class Config:
 
     def programs(self, m: int, device: torch.device) -> int:
         """Programs in the grid for ``m`` rows on ``device``."""
-        blocks = max(1, triton.cdiv(m, self.rows))
+        blocks = max(1, cdiv(m, self.rows))
         return min(blocks, self.programs_per_sm * sm_count(device))
 
     def prefetches(self, m: int, device: torch.device) -> bool:
         """Whether the launch prefetches (only worth it when a program has more than one row block)."""
-        return self.prefetch and self.programs(m, device) < triton.cdiv(m, self.rows)
+        return self.prefetch and self.programs(m, device) < cdiv(m, self.rows)
 
 
 # Measured on the H200 by scripts/fused_bias_gelu_layernorm_tune.py (M x N = 64M elements; the forward's 16-bit
@@ -429,7 +429,7 @@ def forward_config(n: int, dtype: torch.dtype) -> Config:
     """The forward's launch shape: the measured table where it has the row width, else the rule it
     suggests (a whole row in one block up to ``MAX_BLOCK_FWD``; ~16 elements per thread; a few
     programs per SM, each looping over row blocks)."""
-    block = min(triton.next_power_of_2(n), MAX_BLOCK_FWD)
+    block = min(next_power_of_2(n), MAX_BLOCK_FWD)
     bits = 8 * dtype.itemsize
     if (bits, block) in _FORWARD_TABLE:
         return Config(block, *_FORWARD_TABLE[bits, block])
@@ -440,7 +440,7 @@ def forward_config(n: int, dtype: torch.dtype) -> Config:
 @functools.lru_cache(maxsize=None)
 def backward_config(n: int, dtype: torch.dtype) -> Config:
     """The backward's launch shape (see :func:`forward_config`)."""
-    block = min(triton.next_power_of_2(n), MAX_BLOCK_BWD)
+    block = min(next_power_of_2(n), MAX_BLOCK_BWD)
     bits = 8 * dtype.itemsize
     if (bits, block) in _BACKWARD_TABLE:
         return Config(block, *_BACKWARD_TABLE[bits, block])
@@ -557,8 +557,8 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, weight: tor
         x, bias, weight if weight is not None else x, dy, mean, rstd, dx, part, m, n,
         BLOCK_N=cfg.block_n, ROWS=cfg.rows, SINGLE=single, GELU=mode, HAS_W=weight is not None,
         EVEN_N=cfg.block_n == n, FAST=FAST_ASM, PREFETCH=cfg.prefetches(m, x.device), num_warps=cfg.num_warps)
-    block_c = min(256, triton.next_power_of_2(n))
-    sum_partials_kernel[(triton.cdiv(n, block_c), 3)](part, *grads, programs, n, BLOCK_P=32, BLOCK_C=block_c,
+    block_c = min(256, next_power_of_2(n))
+    sum_partials_kernel[(cdiv(n, block_c), 3)](part, *grads, programs, n, BLOCK_P=32, BLOCK_C=block_c,
                                                       num_warps=4)
     return dx, *grads
 

@@ -49,7 +49,7 @@ from . import check_triton_device
 from .fused_bias_gelu_layernorm import Config
 from .fused_bias_gelu_layernorm import backward_config as layernorm_backward_config
 from .fused_bias_gelu_layernorm import forward_config as layernorm_forward_config
-from .rowwise import sm_count, sum_partials_kernel, tile_mask
+from .rowwise import cdiv, next_power_of_2, sm_count, sum_partials_kernel, tile_mask
 
 __all__ = ["Config", "FusedRMSNorm", "MAX_N", "RMSNormFunction", "add_rms_norm", "backward", "backward_config",
            "forward", "forward_config", "rms_norm"]
@@ -217,8 +217,8 @@ def backward_config(n: int, dtype: torch.dtype) -> Config:
 def _grid(m: int, cfg: Config, device: torch.device) -> tuple[int, int]:
     """(rows per program, programs): no more rows per block than there are rows (batch-1 decoding),
     a few programs per multiprocessor, each looping over row blocks."""
-    rows = min(cfg.rows, triton.next_power_of_2(m))
-    return rows, max(1, min(triton.cdiv(m, rows), cfg.programs_per_sm * sm_count(device)))
+    rows = min(cfg.rows, next_power_of_2(m))
+    return rows, max(1, min(cdiv(m, rows), cfg.programs_per_sm * sm_count(device)))
 
 
 # ----------------------------------------------------------------------------------- input checks
@@ -355,8 +355,8 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: tor
                                       BLOCK_N=cfg.block_n, ROWS=rows, SINGLE=single,
                                       EVEN_N=cfg.block_n == n, HAS_DW=weight_grad, num_warps=cfg.num_warps)
     if weight_grad:  # the LayerNorm's reduction kernel, its first output only (grid of one along k)
-        block_c = min(256, triton.next_power_of_2(n))
-        sum_partials_kernel[(triton.cdiv(n, block_c), 1)](part, dweight, dweight, dweight, programs, n,
+        block_c = min(256, next_power_of_2(n))
+        sum_partials_kernel[(cdiv(n, block_c), 1)](part, dweight, dweight, dweight, programs, n,
                                                           BLOCK_P=32, BLOCK_C=block_c, num_warps=4)
     return dx, dweight
 

@@ -44,6 +44,17 @@ def sum_partials_kernel(PART, OUT_B, OUT_W, OUT_LB, P, N, BLOCK_P: tl.constexpr,
         tl.store(OUT_LB + cols, total.to(OUT_LB.dtype.element_ty), mask=col_ok)
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for launch grids on the host: plain integers, where ``triton.cdiv`` (a constexpr function in
+    recent Triton) costs microseconds a call on the norms' per-call path."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for n <= 1), for the host, as :func:`cdiv` for ``triton.cdiv``."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 @functools.lru_cache(maxsize=None)
 def sm_count(device: torch.device) -> int:
     """Multiprocessors of ``device``: the row-wise grids launch a few programs per multiprocessor."""
