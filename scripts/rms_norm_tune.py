@@ -1,6 +1,6 @@
 """Measure RMSNorm's launch shapes on this GPU beside Liger-Kernel and torch.compile, in one run.
 
-    python scripts/rms_norm_tune.py [--ns 4096 5120 8192] [--weights bf16 fp32] [--passes fwd bwd] [--top 3]
+    python scripts/rms_norm_tune.py [--ns 4096 5120 8192] [--weights bf16 fp32] [--passes fwd bwd] [--top 3] [--m M]
 
 RMSNorm borrows the fused bias + GELU + LayerNorm kernel's launch table (``rms_norm.forward_config``), measured
 for a kernel with far more arithmetic an element. For Llama's widths at the side-by-side run's shapes (bf16
@@ -50,10 +50,11 @@ def peer_calls(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dict[str, 
     return out
 
 
-def tune_shape(n: int, wname: str, passes: list[str], top: int, copy: float) -> list[dict]:
-    """The course's launches and its peers for one row width and weight dtype: every timing a record."""
+def tune_shape(n: int, wname: str, passes: list[str], top: int, copy: float, m: int | None = None) -> list[dict]:
+    """The course's launches and its peers for one row width and weight dtype (``m`` rows, else ``ROWS[n]``): every
+    timing a record."""
     records = []
-    m = ROWS[n]
+    m = m or ROWS[n]
     x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, device="cuda", dtype=DTYPES[wname])
     y, rstd = R.forward(x, w)
@@ -100,13 +101,14 @@ def main() -> None:
     parser.add_argument("--weights", nargs="+", choices=tuple(DTYPES), default=list(DTYPES), help="weight dtypes")
     parser.add_argument("--passes", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"])
     parser.add_argument("--top", type=int, default=3)
+    parser.add_argument("--m", type=int, help="rows (default: the side-by-side run's M for each width)")
     args = parser.parse_args()
     require_cuda("tuning RMSNorm's launches")
     copy = bench.copy_bandwidth()["gbps"]
     print(f"copy bandwidth {copy:,.0f} GB/s; Liger-Kernel " + ("installed" if peers.has_liger() else "not here"))
     records = []
     for n, wname in itertools.product(args.ns, args.weights):
-        records += tune_shape(n, wname, args.passes, args.top, copy)
+        records += tune_shape(n, wname, args.passes, args.top, copy, args.m)
     print(f"-> {results.save('rms_norm_tune', records)}")
 
 
