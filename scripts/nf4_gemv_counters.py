@@ -15,16 +15,12 @@ launch reads its weight from HBM.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import os
-import shutil
-import subprocess
 import sys
 
 import torch
 
-from helpers import require_cuda, results
+from helpers import ncu, require_cuda, results
 from helpers.decode_bench import LLAMA_7B_SHAPES, nf4_weights
 from helpers.kernels.nf4_gemv import config_for, nf4_matmul, nf4_operands
 
@@ -59,9 +55,7 @@ def launch() -> None:
 def parse(text: str) -> list[dict]:
     """ncu's ``--csv --page raw --print-units base`` output -> one record per kept launch: the fields of METRICS
     (the time in microseconds), the shape, instructions per weight."""
-    lines = [line for line in text.splitlines() if line.startswith('"')]  # drops ==PROF== and program output
-    rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
-    rows = [r for r in rows if "_nf4_matmul_kernel" in r.get("Kernel Name", "")]  # (the units row has no name)
+    rows = [r for r in ncu.raw_rows(text) if "_nf4_matmul_kernel" in r["Kernel Name"]]
     if len(rows) != LAUNCHES * len(LLAMA_7B_SHAPES):
         raise RuntimeError(f"expected {LAUNCHES * len(LLAMA_7B_SHAPES)} profiled launches, found {len(rows)}")
     records = []
@@ -69,7 +63,7 @@ def parse(text: str) -> list[dict]:
         row = rows[LAUNCHES * i + LAUNCHES - 1]
         rec = {"shape": label, "N": n, "K": k}
         for field, metric in METRICS.items():
-            rec[field] = float(row[metric].replace(",", ""))
+            rec[field] = ncu.number(row, metric)
         rec["duration_us"] = rec.pop("duration_ns") / 1e3
         rec["instructions_per_weight"] = 32 * rec["warp_instructions"] / (n * k)
         records.append(rec)
@@ -89,16 +83,8 @@ def main() -> int:
         if args.launch:
             launch()
             return 0
-        if shutil.which("ncu") is None:
-            raise SystemExit("ncu (Nsight Compute) is not on the PATH: it ships with the CUDA toolkit")
-        cmd = ["ncu", "--clock-control", "none", "--csv", "--page", "raw", "--print-units", "base",
-               "-k", "regex:_nf4_matmul_kernel", "--metrics", ",".join(METRICS.values()),
-               sys.executable, os.path.abspath(__file__), "--launch"]
-        run = subprocess.run(cmd, capture_output=True, text=True)
-        text = run.stdout
-        if run.returncode:
-            print(text[-3000:], run.stderr[-3000:])
-            return run.returncode
+        text = ncu.profile([sys.executable, os.path.abspath(__file__), "--launch"], metrics=list(METRICS.values()),
+                           kernel_regex="_nf4_matmul_kernel")
     records = parse(text)
     for r in records:
         print(f"{r['shape']:34s} {r['duration_us']:6.1f} us  DRAM {r['dram_pct']:4.0f}%  "
