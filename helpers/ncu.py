@@ -6,12 +6,27 @@ beside their records so that a table can be rebuilt from it without a GPU.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import io
+import os
 import shutil
 import subprocess
+import sys
+from typing import Callable
 
 BASE = ["ncu", "--clock-control", "none", "--csv", "--page", "raw", "--print-units", "base"]
+KERNEL_METRICS = {  # record field -> ncu metric: what every counter script records of a kernel
+    "duration_ns": "gpu__time_duration.sum",
+    "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "issue_slots_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "warps_per_scheduler": "smsp__warps_active.avg.per_cycle_active",
+    "eligible_per_scheduler": "smsp__warps_eligible.avg.per_cycle_active",
+    "warp_instructions": "smsp__inst_executed.sum",
+    "registers": "launch__registers_per_thread",
+    "grid": "launch__grid_size",
+    "block": "launch__block_size",
+}
 
 
 def profile(command: list[str], metrics: list[str] = (), sections: list[str] = (), kernel_regex: str | None = None,
@@ -46,3 +61,36 @@ def raw_rows(text: str) -> list[dict[str, str]]:
 def number(row: dict[str, str], metric: str) -> float:
     """``row``'s value of ``metric`` as a number (ncu writes thousands with commas)."""
     return float(row[metric].replace(",", ""))
+
+
+def script_main(script: str, topic: str, what: str, launch: Callable[[], None], parse: Callable[[str], list[dict]],
+                show: Callable[[list[dict]], None], annotate: Callable[[list[dict]], None] | None = None,
+                **profile_options) -> int:
+    """A counter script's command line. ``--launch``: the profiled child, which runs ``launch()``. ``--from-csv FILE``:
+    the table again (``show``) from a saved ncu output, nothing saved. Neither: ncu profiles ``script --launch`` with
+    ``profile_options`` (see :func:`profile`), and the records (``parse``, then ``annotate`` in place) are shown and
+    saved to ``results/<gpu>/<topic>.json``, ncu's raw output beside them (.csv). ``what`` names the work in the
+    error a machine without a GPU gets."""
+    from . import require_cuda, results
+
+    parser = argparse.ArgumentParser(description=f"Hardware counters: {what}, read by Nsight Compute.")
+    parser.add_argument("--launch", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--from-csv", help="a saved ncu output (--csv --page raw) to tabulate (nothing saved)")
+    args = parser.parse_args()
+    if args.from_csv:
+        with open(args.from_csv) as f:
+            show(parse(f.read()))
+        return 0
+    require_cuda(f"reading the hardware counters of {what}")
+    if args.launch:
+        launch()
+        return 0
+    text = profile([sys.executable, os.path.abspath(script), "--launch"], **profile_options)
+    records = parse(text)
+    if annotate:
+        annotate(records)
+    show(records)
+    path = results.save(topic, records)
+    path.with_suffix(".csv").write_text(text)  # ncu's own output, for --from-csv
+    print(f"saved to {path} (and .csv)")
+    return 0

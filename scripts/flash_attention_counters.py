@@ -14,14 +14,12 @@ instruction. Written to ``results/<gpu>/flash_attention_counters.json``, ncu's r
 """
 from __future__ import annotations
 
-import argparse
-import os
 import re
 import sys
 
 import torch
 
-from helpers import ncu, require_cuda, results
+from helpers import ncu
 
 SHAPE = (4, 32, 4096, 128)  # B, H, S, D: the side-by-side run's attention shape
 IMPLS = {"course": "triton", "cudnn": "sdpa_cudnn"}  # record name -> helpers.attention_bench implementation
@@ -29,17 +27,7 @@ CASES = [(impl, causal) for impl in IMPLS for causal in (False, True)]
 PASSES = ("fwd", "bwd")
 MARKER = "spin_kernel"  # torch.cuda._sleep's kernel
 SECTIONS = ["SpeedOfLight", "ComputeWorkloadAnalysis", "Occupancy", "LaunchStats", "WarpStateStats"]
-METRICS = {  # record field -> ncu metric, requested by name
-    "duration_ns": "gpu__time_duration.sum",
-    "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-    "issue_slots_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
-    "warps_per_scheduler": "smsp__warps_active.avg.per_cycle_active",
-    "eligible_per_scheduler": "smsp__warps_eligible.avg.per_cycle_active",
-    "warp_instructions": "smsp__inst_executed.sum",
-    "registers": "launch__registers_per_thread",
-    "grid": "launch__grid_size",
-    "block": "launch__block_size",
-}
+METRICS = ncu.KERNEL_METRICS  # record field -> ncu metric, requested by name
 SECTION_METRICS = {  # record field -> a metric the sections collect (None when this ncu names it otherwise)
     "sm_throughput_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "shared_bytes": "launch__shared_mem_per_block_dynamic",
@@ -117,28 +105,6 @@ def show(records: list[dict]) -> None:
               f"grid {r['grid']:.0f} x {r['block']:.0f}  {r['registers']:.0f} registers  {smem}  stalls: {stalls}")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--launch", action="store_true", help=argparse.SUPPRESS)  # the profiled child
-    parser.add_argument("--from-csv", help="a saved ncu output (--csv --page raw) to tabulate (nothing saved)")
-    args = parser.parse_args()
-    if args.from_csv:
-        with open(args.from_csv) as f:
-            show(parse(f.read()))
-        return 0
-    require_cuda("reading FlashAttention's hardware counters")
-    if args.launch:
-        launch()
-        return 0
-    text = ncu.profile([sys.executable, os.path.abspath(__file__), "--launch"], metrics=list(METRICS.values()),
-                       sections=SECTIONS, from_start=False)
-    records = parse(text)
-    show(records)
-    path = results.save("flash_attention_counters", records)
-    path.with_suffix(".csv").write_text(text)  # ncu's own output, for --from-csv
-    print(f"saved to {path} (and .csv)")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(ncu.script_main(__file__, "flash_attention_counters", "FlashAttention beside cuDNN's", launch, parse, show,
+                             metrics=list(METRICS.values()), sections=SECTIONS, from_start=False))

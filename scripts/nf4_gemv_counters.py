@@ -14,29 +14,17 @@ launch reads its weight from HBM.
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 
 import torch
 
-from helpers import ncu, require_cuda, results
+from helpers import ncu
 from helpers.decode_bench import LLAMA_7B_SHAPES, nf4_weights
 from helpers.kernels.nf4_gemv import config_for, nf4_matmul, nf4_operands
 
-METRICS = {  # record field -> ncu metric
-    "duration_ns": "gpu__time_duration.sum",
-    "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-    "alu_pipe_pct": "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active",
-    "fma_pipe_pct": "sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active",
-    "issue_slots_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
-    "warps_per_scheduler": "smsp__warps_active.avg.per_cycle_active",
-    "eligible_per_scheduler": "smsp__warps_eligible.avg.per_cycle_active",
-    "warp_instructions": "smsp__inst_executed.sum",
-    "registers": "launch__registers_per_thread",
-    "grid": "launch__grid_size",
-    "block": "launch__block_size",
-}
+METRICS = {**ncu.KERNEL_METRICS,  # record field -> ncu metric
+           "alu_pipe_pct": "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active",
+           "fma_pipe_pct": "sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active"}
 LAUNCHES = 2  # per shape: the first compiles, the second is kept
 
 
@@ -70,22 +58,8 @@ def parse(text: str) -> list[dict]:
     return records
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--launch", action="store_true", help=argparse.SUPPRESS)  # the profiled child
-    parser.add_argument("--from-csv", help="a saved ncu output (--csv --page raw) to tabulate (nothing saved)")
-    args = parser.parse_args()
-    if args.from_csv:
-        with open(args.from_csv) as f:
-            text = f.read()
-    else:
-        require_cuda("reading the nf4 kernel's hardware counters")
-        if args.launch:
-            launch()
-            return 0
-        text = ncu.profile([sys.executable, os.path.abspath(__file__), "--launch"], metrics=list(METRICS.values()),
-                           kernel_regex="_nf4_matmul_kernel")
-    records = parse(text)
+def show(records: list[dict]) -> None:
+    """One line a shape."""
     for r in records:
         print(f"{r['shape']:34s} {r['duration_us']:6.1f} us  DRAM {r['dram_pct']:4.0f}%  "
               f"ALU pipe {r['alu_pipe_pct']:4.0f}%  "
@@ -93,14 +67,14 @@ def main() -> int:
               f"{r['warps_per_scheduler']:.1f} ({r['eligible_per_scheduler']:.2f} ready)  "
               f"{r['registers']:.0f} registers  "
               f"{r['instructions_per_weight']:.2f} instructions/weight")
-    if not args.from_csv:
-        for r in records:
-            r["config"] = str(config_for(1, r["N"], r["K"]))
-        path = results.save("nf4_gemv_counters", records)
-        path.with_suffix(".csv").write_text(text)  # ncu's own output, for --from-csv
-        print(f"saved to {path} (and .csv)")
-    return 0
+
+
+def add_configs(records: list[dict]) -> None:
+    """Each record's launch configuration, from the kernel's launch table."""
+    for r in records:
+        r["config"] = str(config_for(1, r["N"], r["K"]))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(ncu.script_main(__file__, "nf4_gemv_counters", "the nf4 kernel", launch, parse, show, add_configs,
+                             metrics=list(METRICS.values()), kernel_regex="_nf4_matmul_kernel"))
