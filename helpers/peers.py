@@ -8,8 +8,9 @@ forward+backward, two ways:
 
 * ``python``: CUDA events around back-to-back calls from Python, no cache flush in between, so the host's work
   (autograd, argument checks, launches) is in the time when it is longer than the GPU's: what a user sees;
-* ``device``: the same call captured once into a CUDA graph and replayed (``bench.time_in_graph``): the GPU's
-  time alone;
+* ``device``: the same call captured ``GRAPH_CALLS`` times in a row into one CUDA graph and replayed
+  (``bench.time_in_graph``): the GPU's time alone, the replay's own launch (a few microseconds) shared by those
+  calls;
 * ``host``: the host's time to issue the call, the GPU running behind (``bench.host_time``): where ``python`` is
   above ``device``, this is what paces the call.
 
@@ -39,6 +40,7 @@ KERNELS = ("rms_norm", "layer_norm", "swiglu", "rotary", "attention", "nf4_gemv"
 TIMINGS = ("python", "device", "host")
 TIMING = pick(full={}, smoke={"warmup_ms": 0, "rep_ms": 1, "min_reps": 1})
 GRAPH_REPS = pick(full=20, smoke=1)
+GRAPH_CALLS = pick(full=5, smoke=1)  # calls in one graph: its launch weighs a fifth as much on each
 HOST_TIMING = pick(full={"calls": 50, "rounds": 5}, smoke={"calls": 1, "rounds": 1})
 # torch.compile past its recompile limit falls back to eager without a word: here that is an error, recorded
 NO_SILENT_EAGER = ({"fail_on_recompile_limit_hit": True}
@@ -217,7 +219,9 @@ def _max_abs_diff(case: Case, impl: str) -> float:
 def _time(run: Callable[[], object], timing: str):
     if timing == "host":
         return host_time(run, **HOST_TIMING)
-    return time_fn(run, flush_l2=False, **TIMING) if timing == "python" else time_in_graph([run], reps=GRAPH_REPS)
+    if timing == "python":
+        return time_fn(run, flush_l2=False, **TIMING)
+    return time_in_graph([run] * GRAPH_CALLS, reps=GRAPH_REPS)
 
 
 def measure(case: Case) -> list[dict]:
