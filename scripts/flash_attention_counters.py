@@ -10,7 +10,7 @@ profiled; a marker kernel (``torch.cuda._sleep``) before each pass tells which c
 Each kernel's record: its time, how busy the tensor pipe was (share of peak over the SMs' active cycles), the SMs'
 throughput, issue slots used, warps resident and ready per scheduler, the launch (grid, block, registers, dynamic
 shared memory), warp instructions, and the three stall reasons that cost its warps most cycles per issued
-instruction. Written to ``results/<gpu>/flash_attention_counters.json``, ncu's raw output beside it (.csv).
+instruction (``stall_1`` to ``stall_3``, with their cycles). Written to ``results/<gpu>/flash_attention_counters.json``, ncu's raw output beside it (.csv).
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ SECTION_METRICS = {  # record field -> a metric the sections collect (None when 
     "shared_bytes": "launch__shared_mem_per_block_dynamic",
 }
 TENSOR_PIPE = re.compile(r"^sm__pipe_\w*tensor\w*_cycles_active\.avg\.pct_of_peak_sustained_active$")
+TOP_STALLS = 3
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")  # cycles per issued instruction
 
 
@@ -70,7 +71,10 @@ def record(row: dict[str, str]) -> dict:
     rec["tensor_pipe_pct"] = max(tensor.values()) if tensor else None
     rec["tensor_pipe_metric"] = max(tensor, key=tensor.get) if tensor else None
     stalls = {STALL.match(m).group(1): ncu.number(row, m) for m in row if STALL.match(m) and row[m]}
-    rec["top_stalls"] = dict(sorted(stalls.items(), key=lambda kv: -kv[1])[:3])
+    stalls.pop("selected", None)  # a warp issuing: not a stall
+    top = sorted(stalls.items(), key=lambda kv: -kv[1])[:TOP_STALLS]
+    for i in range(TOP_STALLS):
+        rec[f"stall_{i + 1}"], rec[f"stall_{i + 1}_cycles"] = top[i] if i < len(top) else (None, None)
     return rec
 
 
@@ -98,7 +102,8 @@ def show(records: list[dict]) -> None:
     for r in records:
         tensor = "n/a" if r["tensor_pipe_pct"] is None else f"{r['tensor_pipe_pct']:4.0f}%"
         smem = "n/a" if r["shared_bytes"] is None else f"{r['shared_bytes'] / 1024:5.0f} KiB"
-        stalls = ", ".join(f"{k} {v:.1f}" for k, v in r["top_stalls"].items())
+        stalls = ", ".join(f"{r[f'stall_{i}']} {r[f'stall_{i}_cycles']:.1f}" for i in range(1, TOP_STALLS + 1)
+                           if r[f"stall_{i}"])
         print(f"{r['impl']:6s} {'causal' if r['causal'] else 'full':6s} {r['pass']:3s} {r['kernel'][:40]:40s} "
               f"{r['duration_us']:8.1f} us  tensor {tensor}  issue {r['issue_slots_pct']:4.0f}%  "
               f"warps/scheduler {r['warps_per_scheduler']:.1f} ({r['eligible_per_scheduler']:.2f} ready)  "

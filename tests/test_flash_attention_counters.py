@@ -3,6 +3,7 @@ import importlib.util
 
 import pytest
 
+from helpers import results
 from helpers.results import REPO_ROOT
 
 spec = importlib.util.spec_from_file_location("flash_attention_counters",
@@ -11,8 +12,8 @@ counters = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(counters)
 
 TENSOR = "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"
-STALLS = [f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in ("barrier", "long_scoreboard",
-                                                                                      "math_pipe_throttle", "wait")]
+STALLS = [f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio"
+          for r in ("barrier", "long_scoreboard", "math_pipe_throttle", "wait", "selected")]
 
 
 def ncu_csv(kernels_per_segment: list[int], marker_first: bool = True) -> str:
@@ -45,7 +46,9 @@ def test_parse_labels_each_kernel_with_its_case_and_pass():
     r = records[1]  # the first case's first backward kernel: value 1010
     assert r["duration_us"] == pytest.approx(1.010)
     assert r["tensor_pipe_pct"] == 1010 and r["tensor_pipe_metric"] == TENSOR
-    assert list(r["top_stalls"]) == ["wait", "math_pipe_throttle", "long_scoreboard"]  # most cycles first
+    assert [r[f"stall_{i}"] for i in (1, 2, 3)] == ["wait", "math_pipe_throttle", "long_scoreboard"]  # most first
+    assert r["stall_1_cycles"] == 1011.5
+    results._check_records(records)  # flat, as results.save requires
 
 
 def test_parse_refuses_missing_markers_or_empty_passes():
