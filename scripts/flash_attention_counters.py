@@ -10,7 +10,8 @@ profiled; a marker kernel (``torch.cuda._sleep``) before each pass tells which c
 Each kernel's record: its time, how busy the tensor pipe was (share of peak over the SMs' active cycles), the SMs'
 throughput, issue slots used, warps resident and ready per scheduler, the launch (grid, block, registers, dynamic
 shared memory), warp instructions, and the three stall reasons that cost its warps most cycles per issued
-instruction (``stall_1`` to ``stall_3``, with their cycles). Written to ``results/<gpu>/flash_attention_counters.json``, ncu's raw output beside it (.csv).
+instruction (``stall_1`` to ``stall_3``, with their cycles). Written to
+``results/<gpu>/flash_attention_counters.json``, ncu's raw output beside it (.csv).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ SECTION_METRICS = {  # record field -> a metric the sections collect (None when 
 }
 TENSOR_PIPE = re.compile(r"^sm__pipe_\w*tensor\w*_cycles_active\.avg\.pct_of_peak_sustained_active$")
 TOP_STALLS = 3
-STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")  # cycles per issued instruction
+STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")  # cycles an issue
 
 
 def launch() -> None:

@@ -3,13 +3,14 @@
     python scripts/rms_norm_tune.py [--ns 4096 5120 8192] [--weights bf16 fp32] [--passes fwd bwd] [--top 3] [--m M]
 
 RMSNorm's launch tables (``rms_norm.forward_config``, ``backward_config``) come from this script; widths it has not
-measured take the fused bias + GELU + LayerNorm kernel's, made for far more arithmetic an element. For Llama's widths at the side-by-side run's shapes (bf16
-activations; the weight bf16, or fp32 as in a QLoRA model), this times every ``Config`` of a small grid (rows
-per program x warps x programs per SM), forward and backward (with the weight's gradient), each checked against
-the table's launch first, on the device (CUDA events, L2 flushed by a read, median). Liger-Kernel's RMSNorm
-(when installed), ``torch.compile`` of transformers' formula and the course's autograd call with the table's
-launches are timed the same way in the same run, forward and forward+backward through autograd. Prints
-the fastest few against the copy bandwidth and the peers, and writes ``results/<gpu>/rms_norm_tune.json``.
+measured take the fused bias + GELU + LayerNorm kernel's, made for far more arithmetic an element. For Llama's
+widths at the side-by-side run's shapes (bf16 activations; the weight bf16, or fp32 as in a QLoRA model), this
+times every ``Config`` of a small grid (rows per program x warps x programs per SM), forward and backward (with
+the weight's gradient), each checked against the table's launch first, on the device (CUDA events, L2 flushed by
+a read, median). Liger-Kernel's RMSNorm (when installed), ``torch.compile`` of transformers' formula and the
+course's autograd call with the table's launches are timed the same way in the same run, forward and
+forward+backward through autograd. Prints the fastest few against the copy bandwidth and the peers, and writes
+``results/<gpu>/rms_norm_tune.json``.
 """
 from __future__ import annotations
 

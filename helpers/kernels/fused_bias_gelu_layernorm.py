@@ -429,7 +429,7 @@ def forward_config(n: int, dtype: torch.dtype) -> Config:
     """The forward's launch shape: the measured table where it has the row width, else the rule it
     suggests (a whole row in one block up to ``MAX_BLOCK_FWD``; ~16 elements per thread; a few
     programs per SM, each looping over row blocks)."""
-    block = min(next_power_of_2(n), MAX_BLOCK_FWD)
+    block = min(triton.next_power_of_2(n), MAX_BLOCK_FWD)
     bits = 8 * dtype.itemsize
     if (bits, block) in _FORWARD_TABLE:
         return Config(block, *_FORWARD_TABLE[bits, block])
@@ -440,7 +440,7 @@ def forward_config(n: int, dtype: torch.dtype) -> Config:
 @functools.lru_cache(maxsize=None)
 def backward_config(n: int, dtype: torch.dtype) -> Config:
     """The backward's launch shape (see :func:`forward_config`)."""
-    block = min(next_power_of_2(n), MAX_BLOCK_BWD)
+    block = min(triton.next_power_of_2(n), MAX_BLOCK_BWD)
     bits = 8 * dtype.itemsize
     if (bits, block) in _BACKWARD_TABLE:
         return Config(block, *_BACKWARD_TABLE[bits, block])
