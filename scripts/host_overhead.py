@@ -71,9 +71,9 @@ def layers(m: int, n: int) -> dict[str, callable]:
         "layer_norm: backward host function": lambda: ln.backward(dy, xd, bd, wd, mean, lrstd),
         "layer_norm: backward, unchecked (autograd's)":
             lambda: ln._backward(dy, xd, bd, wd, mean, lrstd, n, ln._gelu_mode("auto", xd.dtype), None),
+        # distinct leaves: a leaf passed twice has autograd add its two gradients, a launch and host time of its own
         "layer_norm: autograd forward+backward (grad)":
-            _grad(lambda: ln.fused_bias_gelu_layernorm(x, b, w, lb), [x, b, w, lb]),  # distinct leaves: a leaf
-        # passed twice has autograd add its two gradients, a launch and host time of its own
+            _grad(lambda: ln.fused_bias_gelu_layernorm(x, b, w, lb), [x, b, w, lb]),
     }
 
 

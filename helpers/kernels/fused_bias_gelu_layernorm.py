@@ -559,7 +559,7 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, weight: tor
         EVEN_N=cfg.block_n == n, FAST=FAST_ASM, PREFETCH=cfg.prefetches(m, x.device), num_warps=cfg.num_warps)
     block_c = min(256, next_power_of_2(n))
     sum_partials_kernel[(cdiv(n, block_c), 3)](part, *grads, programs, n, BLOCK_P=32, BLOCK_C=block_c,
-                                                      num_warps=4)
+                                               num_warps=4)
     return dx, *grads
 
 

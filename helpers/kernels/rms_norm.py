@@ -27,7 +27,7 @@ fused LayerNorm adds the partial rows in a fixed order (deterministic). A weight
 gradient (a frozen QLoRA norm) skips both.
 
 Launch shapes (:class:`Config`, the one of the fused LayerNorm): RMSNorm's own table for 16-bit rows of
-Llama's widths (whole rows in blocks of 4096 or 8192; measured by ``scripts/rms_norm_tune.py`` on Hopper,
+Llama's widths (whole rows in blocks of 4096 or 8192; measured by ``scripts/rms_norm_tune.py`` on an H100,
 ``results/<gpu>/rms_norm_tune.json``); other widths and dtypes take the fused bias + GELU + LayerNorm kernel's
 table, which moves the same bytes per element and reduces rows the same way. ``config=`` overrides them for
 sweeps on the GPU.
@@ -357,7 +357,7 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: tor
     if weight_grad:  # the LayerNorm's reduction kernel, its first output only (grid of one along k)
         block_c = min(256, next_power_of_2(n))
         sum_partials_kernel[(cdiv(n, block_c), 1)](part, dweight, dweight, dweight, programs, n,
-                                                          BLOCK_P=32, BLOCK_C=block_c, num_warps=4)
+                                                   BLOCK_P=32, BLOCK_C=block_c, num_warps=4)
     return dx, dweight
 
 

@@ -51,7 +51,8 @@ def cdiv(a: int, b: int) -> int:
 
 
 def next_power_of_2(n: int) -> int:
-    """The smallest power of two >= ``n`` (1 for n <= 1), for the host, as :func:`cdiv` for ``triton.cdiv``."""
+    """The smallest power of two >= ``n`` (1 for n <= 1): ``triton.next_power_of_2`` in plain Python (see
+    :func:`cdiv`)."""
     return 1 << max(0, n - 1).bit_length()
 
 
