@@ -51,9 +51,9 @@ def cdiv(a: int, b: int) -> int:
 
 
 def next_power_of_2(n: int) -> int:
-    """The smallest power of two >= ``n`` (1 for n <= 1): ``triton.next_power_of_2`` in plain Python (see
-    :func:`cdiv`)."""
-    return 1 << max(0, n - 1).bit_length()
+    """The smallest power of two >= ``n`` for ``n`` >= 0 (0 for 0, as Triton's): ``triton.next_power_of_2`` in
+    plain Python (see :func:`cdiv`)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 @functools.lru_cache(maxsize=None)
