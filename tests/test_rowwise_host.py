@@ -1,6 +1,6 @@
 """helpers.kernels.rowwise's host arithmetic: the same grid sizes as Triton's own helpers, without their cost."""
+import helpers  # noqa: F401  (first: without a GPU it switches Triton to its interpreter before Triton is imported)
 import triton
-
 from helpers.kernels.rowwise import cdiv, next_power_of_2
 
 
