@@ -101,21 +101,22 @@ def _randn(*shape: int, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
     return (scale * torch.randn(*shape, device=DEVICE, dtype=torch.float32)).to(dtype).requires_grad_()
 
 
+def rms_norm_case(m: int, n: int, wdtype: str) -> Case:
+    """Llama's RMSNorm over ``m`` rows of ``n`` bf16 elements, the weight ``wdtype`` ("bf16", or "fp32" as in a QLoRA
+    model's norms)."""
+    impls = {"course": lambda x, w: rms_norm(x, w, EPS), "eager": eager_rms_norm, "compile": _compiled(eager_rms_norm)}
+    if has_liger():
+        from liger_kernel.transformers.functional import liger_rms_norm
+        impls["liger"] = lambda x, w: liger_rms_norm(x, w, EPS)
+    weight = _randn(n, dtype=torch.bfloat16 if wdtype == "bf16" else torch.float32)
+    return Case("rms_norm", f"{m} x {n}, weight {wdtype}", "bf16", impls, [_randn(m, n, dtype=torch.bfloat16), weight])
+
+
 def rms_norm_cases() -> list[Case]:
-    """Llama's RMSNorm at its widths (4,096, 5,120, 8,192), bf16, weight bf16 or fp32 (a QLoRA model's norms)."""
+    """Llama's RMSNorm at its widths (4,096, 5,120, 8,192), bf16, weight bf16 or fp32."""
     shapes = pick(full=[(4096, 4096, "bf16"), (32768, 4096, "bf16"), (16384, 5120, "bf16"), (8192, 8192, "bf16"),
                         (32768, 4096, "fp32")], smoke=[(6, 40, "bf16"), (6, 40, "fp32")])
-    cases = []
-    for m, n, wdtype in shapes:
-        impls = {"course": lambda x, w: rms_norm(x, w, EPS), "eager": eager_rms_norm,
-                 "compile": _compiled(eager_rms_norm)}
-        if has_liger():
-            from liger_kernel.transformers.functional import liger_rms_norm
-            impls["liger"] = lambda x, w: liger_rms_norm(x, w, EPS)
-        weight = _randn(n, dtype=torch.bfloat16 if wdtype == "bf16" else torch.float32)
-        cases.append(Case("rms_norm", f"{m} x {n}, weight {wdtype}", "bf16", impls,
-                          [_randn(m, n, dtype=torch.bfloat16), weight]))
-    return cases
+    return [rms_norm_case(m, n, wdtype) for m, n, wdtype in shapes]
 
 
 def layer_norm_cases() -> list[Case]:
@@ -195,7 +196,9 @@ CASES = {"rms_norm": rms_norm_cases, "layer_norm": layer_norm_cases, "swiglu": s
          "rotary": rotary_cases, "attention": attention_cases, "nf4_gemv": nf4_gemv_cases}
 
 
-def _run(case: Case, impl: str, pass_: str) -> Callable[[], object]:
+def runner(case: Case, impl: str, pass_: str) -> Callable[[], object]:
+    """A call of no arguments running ``impl`` on ``case``'s inputs: its forward (``pass_`` "fwd", no autograd) or
+    its forward and backward through ``torch.autograd.grad`` ("fwd+bwd", random output gradients)."""
     call = case.call(impl)
     if pass_ == "fwd":
         def run():
@@ -237,7 +240,7 @@ def measure(case: Case) -> list[dict]:
         except FAILURES:  # the timing below fails the same way and records why
             diff = None
         for pass_ in passes:
-            run = _run(case, impl, pass_)
+            run = runner(case, impl, pass_)
             for timing in TIMINGS:
                 record = {"kernel": case.kernel, "impl": impl, "shape": case.shape, "dtype": case.dtype,
                           "causal": case.causal, "pass": pass_, "timing": timing, "status": "ok", "ms": None,

@@ -7,8 +7,9 @@ measured take the fused bias + GELU + LayerNorm kernel's, made for far more arit
 widths at the side-by-side run's shapes (bf16 activations; the weight bf16, or fp32 as in a QLoRA model), this
 times every ``Config`` of a small grid (rows per program x warps x programs per SM), forward and backward (with
 the weight's gradient), each checked against the table's launch first, on the device (CUDA events, L2 flushed by
-a read, median). Liger-Kernel's RMSNorm (when installed), ``torch.compile`` of transformers' formula and the
-course's autograd call with the table's launches are timed the same way in the same run, forward and
+a read, median). Liger-Kernel's RMSNorm (when installed), ``torch.compile`` of transformers' formula (compiled
+afresh for each shape) and the course's autograd call with the table's launches, built on the same inputs as the
+side-by-side run builds them (``helpers.peers``), are timed the same way in the same run, forward and
 forward+backward through autograd. Prints the fastest few against the copy bandwidth and the peers, and writes
 ``results/<gpu>/rms_norm_tune.json``.
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-from typing import Callable
 
 import torch
 
@@ -28,27 +28,8 @@ ROWS = {4096: 32768, 5120: 16384, 8192: 8192}  # M for each N: the side-by-side 
 GRID = {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16), "programs_per_sm": (1, 2, 4, 8, 16)}
 TIMING = pick(full={"warmup_ms": 5, "rep_ms": 25, "min_reps": 10, "flush_l2": "read"},
               smoke={"warmup_ms": 0, "rep_ms": 1, "min_reps": 1, "flush_l2": False})
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-def peer_calls(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dict[str, dict[str, Callable]]:
-    """pass ("fwd" or "fwd+bwd", through autograd) -> implementation -> a call of no arguments."""
-    impls = {"course (table)": lambda a, b: R.rms_norm(a, b, peers.EPS),
-             "compile": torch.compile(peers.eager_rms_norm)}
-    if peers.has_liger():
-        from liger_kernel.transformers.functional import liger_rms_norm
-        impls["liger"] = lambda a, b: liger_rms_norm(a, b, peers.EPS)
-    leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
-
-    def both(f: Callable, grad: torch.Tensor) -> tuple:
-        return torch.autograd.grad(f(*leaves), leaves, grad)
-
-    out: dict[str, dict[str, Callable]] = {"fwd": {}, "fwd+bwd": {}}
-    for name, f in impls.items():
-        out["fwd"][name] = functools.partial(f, x, w)
-        grad = dy.to(f(x, w).dtype)  # Liger's output keeps x's dtype; the others promote to the weight's
-        out["fwd+bwd"][name] = functools.partial(both, f, grad)
-    return out
+WEIGHTS = ("bf16", "fp32")
+PEERS = ("course", "compile", "liger")  # through autograd, as a user calls them (the course's with its tables)
 
 
 def tune_shape(n: int, wname: str, passes: list[str], top: int, copy: float, m: int | None = None) -> list[dict]:
@@ -56,8 +37,8 @@ def tune_shape(n: int, wname: str, passes: list[str], top: int, copy: float, m: 
     timing a record."""
     records = []
     m = m or ROWS[n]
-    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(n, device="cuda", dtype=DTYPES[wname])
+    case = peers.rms_norm_case(m, n, wname)  # the side-by-side run's inputs and implementations
+    x, w = (t.detach() for t in case.leaves)
     y, rstd = R.forward(x, w)
     dy = torch.randn_like(y)
     course = {"fwd": lambda cfg: R.forward(x, w, config=cfg)[0],
@@ -84,12 +65,15 @@ def tune_shape(n: int, wname: str, passes: list[str], top: int, copy: float, m: 
         for ms, cfg in timed[:top]:
             print(f"    rows={cfg.rows} warps={cfg.num_warps:2d} pps={cfg.programs_per_sm:2d}: {ms * 1e3:7.1f} us, "
                   f"{100 * moved[pas] / ms / 1e6 / copy:5.1f}% of copy")
-    for pas, fns in peer_calls(x, w, dy).items():
+    torch._dynamo.reset()  # torch.compile afresh for this shape: past its recompile limit it would run eager
+    for pas in ("fwd", "fwd+bwd"):
         line = []
-        for impl, fn in fns.items():
-            ms = bench.time_fn(fn, **TIMING).ms
-            records.append({"pass": pas, "N": n, "M": m, "weight": wname, "impl": impl, "ms": ms})
-            line.append(f"{impl} {ms * 1e3:.1f} us")
+        for impl in (i for i in PEERS if i in case.impls):
+            with torch._dynamo.config.patch(**peers.NO_SILENT_EAGER):
+                ms = bench.time_fn(peers.runner(case, impl, pas), **TIMING).ms
+            label = "course (table)" if impl == "course" else impl  # apart from the launches timed above
+            records.append({"pass": pas, "N": n, "M": m, "weight": wname, "impl": label, "ms": ms})
+            line.append(f"{label} {ms * 1e3:.1f} us")
         ours = best.get("fwd") if pas == "fwd" else sum(best.values()) if len(best) == 2 else None
         mine = "" if ours is None else f"; the course's best launch(es) {ours * 1e3:.1f} us"
         print(f"{pas} {m} x {n}, weight {wname}: " + ", ".join(line) + mine)
@@ -99,7 +83,7 @@ def tune_shape(n: int, wname: str, passes: list[str], top: int, copy: float, m: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ns", type=int, nargs="+", default=list(ROWS), choices=list(ROWS), help="row widths")
-    parser.add_argument("--weights", nargs="+", choices=tuple(DTYPES), default=list(DTYPES), help="weight dtypes")
+    parser.add_argument("--weights", nargs="+", choices=WEIGHTS, default=list(WEIGHTS), help="weight dtypes")
     parser.add_argument("--passes", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"])
     parser.add_argument("--top", type=int, default=3)
     parser.add_argument("--m", type=int, help="rows (default: the side-by-side run's M for each width)")
