@@ -7,10 +7,11 @@ At B 4, H 32, S 4,096, D 128 (bf16), not causal and causal, each implementation'
 to warm up (the autotuner's choices and cuDNN's plans made), then once more between ``cudaProfilerStart`` and
 ``cudaProfilerStop`` under ``ncu --clock-control none`` (the GPU's own clocks). Every kernel in that window is
 profiled; a marker kernel (``torch.cuda._sleep``) before each pass tells which case and pass a kernel belongs to.
-Each kernel's record: its time, how busy the tensor pipe was (share of peak over the SMs' active cycles), the SMs'
-throughput, issue slots used, warps resident and ready per scheduler, the launch (grid, block, registers, dynamic
-shared memory), warp instructions, and the three stall reasons that cost its warps most cycles per issued
-instruction (``stall_1`` to ``stall_3``, with their cycles). Written to
+Each kernel's record: its time, how busy the tensor pipe and the transcendental pipe (exp2 and the
+other special functions) were (shares of peak over the SMs' active cycles), the SMs' throughput, issue slots used,
+warps resident and ready per scheduler, the launch (grid, block, registers, dynamic shared memory), warp
+instructions, and the three stall reasons that cost its warps most cycles per issued instruction (``stall_1`` to
+``stall_3``, with their cycles). Written to
 ``results/<gpu>/flash_attention_counters.json``, ncu's raw output beside it (.csv).
 """
 from __future__ import annotations
@@ -34,6 +35,8 @@ SECTION_METRICS = {  # record field -> a metric the sections collect (None when 
     "shared_bytes": "launch__shared_mem_per_block_dynamic",
 }
 TENSOR_PIPE = re.compile(r"^sm__pipe_\w*tensor\w*_cycles_active\.avg\.pct_of_peak_sustained_active$")
+# the transcendental unit (MUFU: exp2, log2, reciprocal), the softmax's pipe, as ComputeWorkloadAnalysis names it
+XU_PIPE = re.compile(r"^sm__(inst_executed_)?pipe_xu\w*\.avg\.pct_of_peak_sustained_active$")
 TOP_STALLS = 3
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")  # cycles an issue
 
@@ -71,6 +74,8 @@ def record(row: dict[str, str]) -> dict:
     tensor = {m: ncu.number(row, m) for m in row if TENSOR_PIPE.match(m) and row[m]}
     rec["tensor_pipe_pct"] = max(tensor.values()) if tensor else None
     rec["tensor_pipe_metric"] = max(tensor, key=tensor.get) if tensor else None
+    xu = [ncu.number(row, m) for m in row if XU_PIPE.match(m) and row[m]]
+    rec["xu_pipe_pct"] = max(xu) if xu else None
     stalls = {STALL.match(m).group(1): ncu.number(row, m) for m in row if STALL.match(m) and row[m]}
     stalls.pop("selected", None)  # a warp issuing: not a stall
     top = sorted(stalls.items(), key=lambda kv: -kv[1])[:TOP_STALLS]
@@ -102,11 +107,12 @@ def show(records: list[dict]) -> None:
     """One line a kernel."""
     for r in records:
         tensor = "n/a" if r["tensor_pipe_pct"] is None else f"{r['tensor_pipe_pct']:4.0f}%"
+        xu = "n/a" if r["xu_pipe_pct"] is None else f"{r['xu_pipe_pct']:4.0f}%"
         smem = "n/a" if r["shared_bytes"] is None else f"{r['shared_bytes'] / 1024:5.0f} KiB"
         stalls = ", ".join(f"{r[f'stall_{i}']} {r[f'stall_{i}_cycles']:.1f}" for i in range(1, TOP_STALLS + 1)
                            if r[f"stall_{i}"])
         print(f"{r['impl']:6s} {'causal' if r['causal'] else 'full':6s} {r['pass']:3s} {r['kernel'][:40]:40s} "
-              f"{r['duration_us']:8.1f} us  tensor {tensor}  issue {r['issue_slots_pct']:4.0f}%  "
+              f"{r['duration_us']:8.1f} us  tensor {tensor}  exp2 pipe {xu}  issue {r['issue_slots_pct']:4.0f}%  "
               f"warps/scheduler {r['warps_per_scheduler']:.1f} ({r['eligible_per_scheduler']:.2f} ready)  "
               f"grid {r['grid']:.0f} x {r['block']:.0f}  {r['registers']:.0f} registers  {smem}  stalls: {stalls}")
 

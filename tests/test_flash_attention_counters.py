@@ -12,6 +12,7 @@ counters = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(counters)
 
 TENSOR = "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"
+XU = "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"
 STALLS = [f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio"
           for r in ("barrier", "long_scoreboard", "math_pipe_throttle", "wait", "selected")]
 
@@ -19,7 +20,7 @@ STALLS = [f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio"
 def ncu_csv(kernels_per_segment: list[int], marker_first: bool = True) -> str:
     """ncu's raw layout: program output, a header, a units row, a row a launch. Segment s holds a marker and then
     ``kernels_per_segment[s]`` kernels named ``k<s>_<j>``, kernel value 10 s + j in every metric."""
-    metrics = [*counters.METRICS.values(), *counters.SECTION_METRICS.values(), TENSOR, *STALLS]
+    metrics = [*counters.METRICS.values(), *counters.SECTION_METRICS.values(), TENSOR, XU, *STALLS]
     head = ["ID", "Kernel Name", *metrics]
     lines = ["==PROF== Connected to process", "program output", ",".join(f'"{h}"' for h in head),
              ",".join('""' if i < 2 else '"x"' for i in range(len(head)))]
@@ -45,7 +46,7 @@ def test_parse_labels_each_kernel_with_its_case_and_pass():
     assert [(r["impl"], r["causal"], r["pass"], r["kernel"]) for r in records] == expected
     r = records[1]  # the first case's first backward kernel: value 1010
     assert r["duration_us"] == pytest.approx(1.010)
-    assert r["tensor_pipe_pct"] == 1010 and r["tensor_pipe_metric"] == TENSOR
+    assert r["tensor_pipe_pct"] == 1010 and r["tensor_pipe_metric"] == TENSOR and r["xu_pipe_pct"] == 1010
     assert [r[f"stall_{i}"] for i in (1, 2, 3)] == ["wait", "math_pipe_throttle", "long_scoreboard"]  # most first
     assert r["stall_1_cycles"] == 1011.5
     results._check_records(records)  # flat, as results.save requires
