@@ -110,6 +110,12 @@ PCIE_X16_GBPS = {"PCIe 4.0 x16": 31.5, "PCIe 5.0 x16": 63.0}
 # (_HOPPER_WP, "2x the MMA rates of the A100 SM"). The datasheet peak is SMs x this x the clock it assumes.
 TENSOR_FLOP_PER_CLOCK_PER_SM = {"Ampere": 2048, "Hopper": 4096}
 
+# Base-2 exponentials (exp2f, the MUFU.EX2 instruction) one SM does per clock: the CUDA C++ Programming Guide's
+# table of arithmetic-instruction throughput gives 16 for compute capabilities 8.0 to 9.0
+# (https://docs.nvidia.com/cuda/cuda-c-programming-guide/#arithmetic-instructions). At the H100's clock that is
+# FlashAttention-3's "3.9 TFLOPS of special functions" beside 989 of matmul (Shah et al. 2024, arXiv:2407.08608).
+EXP2_PER_CLOCK_PER_SM = {"Ampere": 16, "Hopper": 16}
+
 
 def tensor_clock_mhz(spec: GpuSpec) -> float | None:
     """The SM clock the datasheet's dense 16-bit tensor rate assumes: peak / (SMs x FLOP per clock per SM);
