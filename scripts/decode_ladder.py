@@ -1,8 +1,10 @@
 """Notebook 07's decoding measurements without the notebook: the nf4 GEMV bandwidth table and the
 decoding ladder, for the models given, on this GPU. The ladder is saved as ``results/<gpu>/decode.json``
-(the file notebook 07 writes).
+(the file notebook 07 writes) unless ``--topic`` names another file, so that a model notebook 07 does not run
+(13B) is measured without replacing the notebook's records.
 
     python scripts/decode_ladder.py --models 7b
+    python scripts/decode_ladder.py --models 13b --topic decode_13b
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["7b"])
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds, the rungs taken in turn in each")
+    parser.add_argument("--topic", default="decode", help="the results file to write: results/<gpu>/<topic>.json")
     args = parser.parse_args()
     require_cuda("the decoding measurements")
     copy = bench.copy_bandwidth()["gbps"]
@@ -41,7 +44,7 @@ def main() -> None:
               f"({100 * r['tokens_per_s'] / r['roofline_tokens_per_s']:4.1f}% of roofline)  logits error "
               f"{r['logits_max_rel_error'] or 0:.4f} (transformers' own: {r['transformers_decode_error']:.4f}) "
               f"ok={decode_bench.logits_ok(r)}")
-    print(f"saved to {results.save('decode', ladder)}")
+    print(f"saved to {results.save(args.topic, ladder)}")
 
 
 if __name__ == "__main__":
