@@ -11,6 +11,7 @@ from helpers.results import REPO_ROOT
 OPTIONS = {
     "decode_attention_bench": [],
     "decode_ladder": ["--models", "--repeats", "--topic"],
+    "flash_attention_hopper_probe": [],
     "flash_attention_bench": ["--B", "--H", "--S", "--D", "--dtype", "--impls", "--passes"],
     "fused_bias_gelu_layernorm_tune": ["--out", "--top", "--ns", "--block", "--passes", "--dtypes", "--gelu", "--rows",
                                        "--num-warps", "--programs-per-sm", "--loads"],
