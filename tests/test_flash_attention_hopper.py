@@ -6,7 +6,8 @@ import torch
 
 from helpers import HAS_CUDA  # first: without a GPU it switches Triton to its interpreter before triton is imported
 from helpers.kernels.flash_attention import attention_reference
-from helpers.kernels.flash_attention_hopper import HopperConfig, _tma_ready, flash_attention_forward_hopper
+from helpers.kernels.flash_attention_hopper import (HopperConfig, _tma_ready, flash_attention_forward_hopper,
+                                                    launch_constants)
 from numerics import rel_err
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -24,6 +25,7 @@ CASES = [  # B, H, H_kv, S_q, S_k, D, causal: lengths off every tile size
     (1, 4, 2, 21, 45, 64, True),  # GQA, causal aligned bottom-right
     (1, 2, 2, 70, 19, 64, False),  # more queries than keys
     (1, 1, 1, 40, 40, 128, True),
+    (1, 2, 2, 40, 64, 64, False),  # keys in whole tiles: no masked tail (the loop Triton may warp-specialise)
 ]
 
 
@@ -61,6 +63,14 @@ def test_bad_inputs_get_the_course_kernels_errors(shapes, error, match):
     q, k, v = torch.randn(q_shape), torch.randn(kv_shape), torch.randn(kv_shape)
     with pytest.raises(error, match=match):
         flash_attention_forward_hopper(q, k, v, causal=True)
+
+
+def test_warp_specialisation_is_asked_for_only_without_a_masked_tail():
+    ws = HopperConfig(128, 64, 4, 3, warp_specialize=True)
+    assert launch_constants(ws, False, 4096, 128)["WARP_SPECIALIZE"]
+    for causal, sk in ((True, 4096), (False, 4000)):
+        constants = launch_constants(ws, causal, sk, 128)
+        assert constants["MASKED_TAIL"] and not constants["WARP_SPECIALIZE"]
 
 
 def test_a_misaligned_view_is_copied_to_an_aligned_one():
