@@ -15,8 +15,8 @@ TOLERANCE = {torch.float32: 5e-6, torch.float16: 5e-3, torch.bfloat16: 1e-2}  # 
 DTYPES = [pytest.param(torch.float32, marks=pytest.mark.skipif(HAS_CUDA, reason="fp32 is for the interpreter")),
           torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)]
 # The interpreter runs small tiles, each side the longer one in turn (a bound using BLOCK_N for BLOCK_M shows);
-# the GPU runs the probe's configs, the warp-specialised one among them.
-CONFIGS = ([HopperConfig(128, 64, 4, 3), HopperConfig(128, 128, 8, 2, warp_specialize=True)] if HAS_CUDA
+# the GPU runs two of the probe's configs, one warp-specialised (the case with keys in whole tiles reaches it).
+CONFIGS = ([HopperConfig(128, 64, 4, 3), HopperConfig(128, 64, 4, 2, warp_specialize=True)] if HAS_CUDA
            else [HopperConfig(32, 16, 1, 1), HopperConfig(16, 32, 1, 1)])
 CASES = [  # B, H, H_kv, S_q, S_k, D, causal: lengths off every tile size
     (1, 2, 2, 37, 37, 64, False),
