@@ -10,6 +10,8 @@ loop then the masked tail, the row log-sum-exp saved for the backward), with two
   (the products and the softmax), so that the next tiles load while the current ones are multiplied. Triton 3.6
   does so for Hopper only in a kernel with one loop and 4 warps: the wrapper asks for it only where there is no
   masked tail (not causal, S_k a multiple of the key tile); with 8 warps Triton leaves the loop as it is.
+  On an H100 a warp-specialised launch did not return (the probe runs such configs in a child process with a
+  time limit, and records whether they finish).
 
 Forward only, no autograd: ``scripts/flash_attention_hopper_probe.py`` times it beside the course's forward and
 cuDNN's (appendix 05a explains the gap it targets). Inputs as ``flash_attention``'s, made contiguous.
