@@ -13,7 +13,8 @@ Warp specialisation: each such config is first compiled without launching, and i
 config's without specialisation (Triton may leave a loop as it is; the causal kernel's masked tail always does).
 Unchanged code is recorded as such and not timed twice. Changed code is launched in a child process with a time
 limit: a warp-specialised launch that did not finish (a deadlock between the producer and consumer warps) must not
-stop the run, and is recorded as not finished. Written to ``results/<gpu>/flash_attention_hopper_probe.json``.
+stop the run, and is recorded as not finished. Written to ``results/<gpu>/flash_attention_hopper_probe.json`` after
+each config, so that a run cut short keeps what it measured.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import json
 import math
 import subprocess
 import sys
+from typing import Callable
 
 import torch
 
@@ -39,6 +41,7 @@ CONFIGS = [HopperConfig(128, bn, w, st, ws) for bn, w, st in [(64, 4, 2), (64, 4
            for ws in (False, True)]
 # Triton's own errors (compilation, resources, the interpreter's) and its MLIR passes' failures (RuntimeError)
 FAILURES = (TritonError, RuntimeError, ValueError)
+TOPIC = "flash_attention_hopper_probe"
 SEED = 0  # the parent and each child draw the same inputs
 CHILD_TIMEOUT_S = 120.0
 
@@ -92,8 +95,10 @@ def in_child(config: HopperConfig, causal: bool, q: torch.Tensor, timeout_s: flo
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure(causal: bool, q, k, v, timeout_s: float = CHILD_TIMEOUT_S) -> list[dict]:
-    """The course's forward, cuDNN's, then every config, for one causality."""
+def measure(causal: bool, q, k, v, timeout_s: float = CHILD_TIMEOUT_S,
+            keep: Callable[[list[dict]], object] = lambda records: None) -> list[dict]:
+    """The course's forward, cuDNN's, then every config, for one causality; ``keep`` gets the records so far after
+    each config (a run cut short keeps what it measured)."""
     records = []
     course = implementation("triton")
     with torch.no_grad():
@@ -120,6 +125,7 @@ def measure(causal: bool, q, k, v, timeout_s: float = CHILD_TIMEOUT_S) -> list[d
                 record = in_child(config, causal, q, timeout_s)
             record["warp_specialize_changed_code"] = changed
         records.append(record)
+        keep(records)
         print(record, flush=True)
     return records
 
@@ -144,7 +150,10 @@ def main() -> None:
         return one(args.one)
     require_cuda("the Hopper forward's probe")
     q, k, v = inputs(SHAPE, torch.bfloat16)
-    records = [r for causal in (False, True) for r in measure(causal, q, k, v, args.child_timeout_s)]
+    records: list[dict] = []
+    for causal in (False, True):
+        records += measure(causal, q, k, v, args.child_timeout_s,
+                           keep=lambda rs, before=list(records): results.save(TOPIC, before + rs))
     for causal in (False, True):
         rows = [r for r in records if r["causal"] == causal and r["status"] == "ok"]
         peers = {r["impl"]: r for r in rows if r["impl"] != "hopper"}
@@ -154,7 +163,7 @@ def main() -> None:
             speed = peers["cudnn"]["ms"] / best["ms"]
             line += f"; best Hopper config {best['tflops']:.0f} TFLOP/s, {speed:.2f}x cuDNN's speed"
         print(line)
-    print(f"saved to {results.save('flash_attention_hopper_probe', records)}")
+    print(f"saved to {results.path_for(TOPIC)}")
 
 
 if __name__ == "__main__":
