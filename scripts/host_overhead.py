@@ -56,7 +56,7 @@ def layers(m: int, n: int) -> dict[str, callable]:
     def rms_kernel_only():
         rms._rms_norm_fwd_kernel[(programs,)](xd, xd, xd, wd, y, rstd, m, n, n, n, 1e-6, BLOCK_N=cfg.block_n,
                                               ROWS=rows, SINGLE=cfg.block_n >= n, EVEN_N=cfg.block_n == n,
-                                              HAS_RES=False, num_warps=cfg.num_warps)
+                                              HAS_RES=False, STAGES=cfg.stages, num_warps=cfg.num_warps)
     _, mean, lrstd = ln.forward(xd, bd, wd, lbd)
     return {
         "torch add (one launch)": lambda: xd.add(1.0),

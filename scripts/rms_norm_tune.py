@@ -1,13 +1,14 @@
 """Measure RMSNorm's launch shapes on this GPU beside Liger-Kernel and torch.compile, in one run.
 
     python scripts/rms_norm_tune.py [--ns 4096 5120 8192] [--weights bf16 fp32] [--passes fwd bwd] [--top 3] [--m M]
+                                    [--stages 1 3]
 
 RMSNorm's launch tables (``rms_norm.forward_config``, ``backward_config``) come from this script; widths it has not
 measured take the fused bias + GELU + LayerNorm kernel's, made for far more arithmetic an element. For Llama's
 widths at the side-by-side run's shapes (bf16 activations; the weight bf16, or fp32 as in a QLoRA model), this
-times every ``Config`` of a small grid (rows per program x warps x programs per SM), forward and backward (with
-the weight's gradient), each checked against the table's launch first, on the device (CUDA events, L2 flushed by
-a read, median). Liger-Kernel's RMSNorm (when installed), ``torch.compile`` of transformers' formula (compiled
+times every ``Config`` of a small grid (rows per program x warps x programs per SM, and for the forward the pipeline
+depth of its loop), forward and backward (with the weight's gradient), each checked against the table's launch
+first, on the device (CUDA events, L2 flushed by a read, median). Liger-Kernel's RMSNorm (when installed), ``torch.compile`` of transformers' formula (compiled
 afresh for each shape) and the course's autograd call with the table's launches, built on the same inputs as the
 side-by-side run builds them (``helpers.peers``), are timed the same way in the same run, forward and
 forward+backward through autograd. Prints the fastest few against the copy bandwidth and the peers, and writes
@@ -26,15 +27,17 @@ from helpers.kernels import rms_norm as R
 
 ROWS = {4096: 32768, 5120: 16384, 8192: 8192}  # M for each N: the side-by-side run's shapes
 GRID = {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16), "programs_per_sm": (1, 2, 4, 8, 16)}
+STAGES = {"fwd": (1, 3), "bwd": (1,)}  # the forward's loop pipelined or not (the backward's is not)
 TIMING = pick(full={"warmup_ms": 5, "rep_ms": 25, "min_reps": 10, "flush_l2": "read"},
               smoke={"warmup_ms": 0, "rep_ms": 1, "min_reps": 1, "flush_l2": False})
 WEIGHTS = ("bf16", "fp32")
 PEERS = ("course", "compile", "liger")  # through autograd, as a user calls them (the course's with its tables)
 
 
-def tune_shape(n: int, wname: str, passes: list[str], top: int, copy: float, m: int | None = None) -> list[dict]:
-    """The course's launches and its peers for one row width and weight dtype (``m`` rows, else ``ROWS[n]``): every
-    timing a record."""
+def tune_shape(n: int, wname: str, passes: list[str], top: int, copy: float, m: int | None = None,
+               stages_by_pass: dict[str, tuple[int, ...]] = STAGES) -> list[dict]:
+    """The course's launches and its peers for one row width and weight dtype (``m`` rows, else ``ROWS[n]``; the
+    pipeline depths ``stages_by_pass``): every timing a record."""
     records = []
     m = m or ROWS[n]
     case = peers.rms_norm_case(m, n, wname)  # the side-by-side run's inputs and implementations
@@ -50,20 +53,22 @@ def tune_shape(n: int, wname: str, passes: list[str], top: int, copy: float, m: 
     for pas in passes:
         reference = course[pas](table[pas])
         timed = []
-        for rows, warps, pps in itertools.product(*GRID.values()):
-            cfg = R.Config(table[pas].block_n, rows, warps, pps, prefetch=False)
+        for rows, warps, pps, stages in itertools.product(*GRID.values(), stages_by_pass[pas]):
+            cfg = R.Config(table[pas].block_n, rows, warps, pps, prefetch=False, stages=stages)
             if not torch.allclose(course[pas](cfg).float(), reference.float(), rtol=1e-2, atol=1e-2):
                 raise AssertionError(f"{pas} N={n} weight {wname} {cfg}: result differs from the table's launch")
             ms = bench.time_fn(functools.partial(course[pas], cfg), **TIMING).ms
             timed.append((ms, cfg))
             records.append({"pass": pas, "N": n, "M": m, "weight": wname, "impl": "course", "rows": rows,
-                            "num_warps": warps, "programs_per_sm": pps, "table": cfg == table[pas], "ms": ms,
+                            "num_warps": warps, "programs_per_sm": pps, "stages": stages, "table": cfg == table[pas],
+                            "ms": ms,
                             "pct_copy": 100 * moved[pas] / ms / 1e6 / copy})
         timed.sort(key=lambda t: t[0])
         best[pas] = timed[0][0]
         print(f"{pas} {m} x {n}, weight {wname}, the course's launches, fastest first:")
         for ms, cfg in timed[:top]:
-            print(f"    rows={cfg.rows} warps={cfg.num_warps:2d} pps={cfg.programs_per_sm:2d}: {ms * 1e3:7.1f} us, "
+            print(f"    rows={cfg.rows} warps={cfg.num_warps:2d} pps={cfg.programs_per_sm:2d} stages={cfg.stages}: "
+                  f"{ms * 1e3:7.1f} us, "
                   f"{100 * moved[pas] / ms / 1e6 / copy:5.1f}% of copy")
     torch._dynamo.reset()  # torch.compile afresh for this shape: past its recompile limit it would run eager
     for pas in ("fwd", "fwd+bwd"):
@@ -87,13 +92,15 @@ def main() -> None:
     parser.add_argument("--passes", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"])
     parser.add_argument("--top", type=int, default=3)
     parser.add_argument("--m", type=int, help="rows (default: the side-by-side run's M for each width)")
+    parser.add_argument("--stages", type=int, nargs="+", help="the forward's pipeline depths (default: 1 and 3)")
     args = parser.parse_args()
     require_cuda("tuning RMSNorm's launches")
     copy = bench.copy_bandwidth()["gbps"]
     print(f"copy bandwidth {copy:,.0f} GB/s; Liger-Kernel " + ("installed" if peers.has_liger() else "not here"))
     records = []
     for n, wname in itertools.product(args.ns, args.weights):
-        records += tune_shape(n, wname, args.passes, args.top, copy, args.m)
+        records += tune_shape(n, wname, args.passes, args.top, copy, args.m,
+                              {**STAGES, "fwd": tuple(args.stages or STAGES["fwd"])})
     print(f"-> {results.save('rms_norm_tune', records)}")
 
 

@@ -55,6 +55,7 @@ CASES = [  # (leading shape, N, config): N = 1, odd N, leading dims, batch-1 dec
     ((2,), 64, None),                       # the block is the row: no column mask
     ((37,), 100, None),                     # several rows per program, a partial last row block
     ((2, 19), 300, K.Config(512, 2, 4)),    # each program loops over several row blocks
+    ((2, 19), 300, K.Config(512, 2, 4, prefetch=False, stages=3)),  # the same loop pipelined (GPU: async copies)
     ((2, 3, 2), 1000, None),
     ((1,), 4096, None),                     # one row (decoding)
     ((3,), 4099, None),

@@ -21,7 +21,7 @@ OPTIONS = {
     "nf4_linear_cost": ["--calls"],
     "qlora_step_pacing": ["--model", "--batch", "--steps", "--max-len", "--variants", "--rounds", "--host-top"],
     "peers_side_by_side": ["--kernels"],
-    "rms_norm_tune": ["--ns", "--weights", "--passes", "--top"],
+    "rms_norm_tune": ["--ns", "--weights", "--passes", "--top", "--stages"],
     "step_parts": ["--train", "--timed", "--decode-model", "--contexts", "--rounds"],
 }
 

@@ -29,14 +29,16 @@ gradient (a frozen QLoRA norm) skips both.
 Launch shapes (:class:`Config`, the one of the fused LayerNorm): RMSNorm's own table for 16-bit rows of
 Llama's widths (whole rows in blocks of 4096 or 8192; measured by ``scripts/rms_norm_tune.py`` on an H100,
 ``results/<gpu>/rms_norm_tune.json``); other widths and dtypes take the fused bias + GELU + LayerNorm kernel's
-table, which moves the same bytes per element and reduces rows the same way. ``config=`` overrides them for
-sweeps on the GPU.
+table, which moves the same bytes per element and reduces rows the same way. The forward's whole-row loop can
+be software-pipelined (``Config.stages``; on Hopper the next row blocks' loads become asynchronous copies into
+shared memory). ``config=`` overrides them for sweeps on the GPU.
 
 In the Triton interpreter (no GPU) fp32 -> bf16 conversions truncate instead of rounding to nearest,
 so bf16 results there can be one bf16 step off from a GPU's; fp16 and fp32 are rounded as on a GPU.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -69,17 +71,18 @@ def _like_input(v, X):
 @triton.jit
 def _rms_norm_fwd_kernel(X, R, S, W, Y, RSTD, M, N, stride_x, stride_r, eps,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, EVEN_N: tl.constexpr,
-                         HAS_RES: tl.constexpr):
+                         HAS_RES: tl.constexpr, STAGES: tl.constexpr):
     """Program p normalises row blocks p, p + P, p + 2P, ... (P programs); rows of X are ``stride_x``
     apart, rows of Y are contiguous. HAS_RES: the rows normalised are X + R (rounded to X's dtype, as a
-    tensor addition rounds), also written to S (rows ``stride_r`` apart in R, contiguous in S)."""
+    tensor addition rounds), also written to S (rows ``stride_r`` apart in R, contiguous in S). STAGES > 1:
+    Triton software-pipelines the whole-row loop (the next blocks' loads in flight as asynchronous copies)."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     n_blocks = tl.cdiv(M, ROWS)
     cols = tl.arange(0, BLOCK_N)
     if SINGLE:  # the whole row sits in registers: one read, one write
         w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
-        for blk in range(pid, n_blocks, n_prog):
+        for blk in tl.range(pid, n_blocks, n_prog, num_stages=STAGES):
             rows = blk * ROWS + tl.arange(0, ROWS)
             mask = tile_mask(rows, cols, M, N, EVEN_N)
             rows64 = rows.to(tl.int64)[:, None]
@@ -188,24 +191,28 @@ def _rms_norm_bwd_kernel(X, W, DY, RSTD, DX, PART, M, N, stride_x,
 
 
 # ---------------------------------------------------------------------------------- launch shapes
-# (bits of x, block) -> (rows, num_warps, programs_per_sm). The forward streams: many programs, a few rows each.
-# The backward keeps one program an SM, each adding its rows' d(weight) in registers: fewer partial rows to sum.
-_FORWARD_TABLE = {(16, 4096): (4, 8, 16), (16, 8192): (2, 8, 16)}
+# (bits of x, block) -> (rows, num_warps, programs_per_sm[, forward pipeline stages]). The forward streams: many
+# programs, a few rows each. The backward keeps one program an SM, each adding its rows' d(weight) in registers:
+# fewer partial rows to sum.
+_FORWARD_TABLE = {(16, 4096): (4, 8, 16, 1), (16, 8192): (2, 8, 16, 1)}
 _BACKWARD_TABLE = {(16, 4096): (4, 16, 1), (16, 8192): (2, 16, 1)}
 
 
 def _own(table: dict, fallback: Config, dtype: torch.dtype) -> Config:
     """RMSNorm's measured launch for ``fallback``'s block where ``table`` has it, else ``fallback``."""
     key = (8 * dtype.itemsize, fallback.block_n)
-    return Config(fallback.block_n, *table[key], prefetch=False) if key in table else fallback
+    if key not in table:
+        return fallback
+    rows, warps, programs_per_sm, *stages = table[key]
+    return Config(fallback.block_n, rows, warps, programs_per_sm, prefetch=False, stages=stages[0] if stages else 1)
 
 
 @functools.lru_cache(maxsize=None)
 def forward_config(n: int, dtype: torch.dtype) -> Config:
     """The forward's launch shape for rows of ``n`` elements of ``dtype`` (the input's): RMSNorm's own
     table where it has the row's block, else the fused LayerNorm forward's (a whole row in one block up to
-    16384 elements)."""
-    return _own(_FORWARD_TABLE, layernorm_forward_config(n, dtype), dtype)
+    16384 elements) without its pipelining (not measured for RMSNorm: its loop is left as written)."""
+    return _own(_FORWARD_TABLE, dataclasses.replace(layernorm_forward_config(n, dtype), stages=1), dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -295,7 +302,8 @@ def _forward_launch(x: torch.Tensor, residual: torch.Tensor | None, total: torch
     r2 = x2 if residual is None else _rows(residual, n)
     _rms_norm_fwd_kernel[(programs,)](x2, r2, x2 if total is None else total, weight, y, rstd, m, n, x2.stride(0),
                                       r2.stride(0), eps, BLOCK_N=cfg.block_n, ROWS=rows, SINGLE=cfg.block_n >= n,
-                                      EVEN_N=cfg.block_n == n, HAS_RES=residual is not None, num_warps=cfg.num_warps)
+                                      EVEN_N=cfg.block_n == n, HAS_RES=residual is not None, STAGES=cfg.stages,
+                                      num_warps=cfg.num_warps)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
