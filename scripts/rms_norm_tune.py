@@ -8,11 +8,11 @@ measured take the fused bias + GELU + LayerNorm kernel's, made for far more arit
 widths at the side-by-side run's shapes (bf16 activations; the weight bf16, or fp32 as in a QLoRA model), this
 times every ``Config`` of a small grid (rows per program x warps x programs per SM, and for the forward the pipeline
 depth of its loop), forward and backward (with the weight's gradient), each checked against the table's launch
-first, on the device (CUDA events, L2 flushed by a read, median). Liger-Kernel's RMSNorm (when installed), ``torch.compile`` of transformers' formula (compiled
-afresh for each shape) and the course's autograd call with the table's launches, built on the same inputs as the
-side-by-side run builds them (``helpers.peers``), are timed the same way in the same run, forward and
-forward+backward through autograd. Prints the fastest few against the copy bandwidth and the peers, and writes
-``results/<gpu>/rms_norm_tune.json``.
+first, on the device (CUDA events, L2 flushed by a read, median). Liger-Kernel's RMSNorm (when installed),
+``torch.compile`` of transformers' formula (compiled afresh for each shape) and the course's autograd call with the
+table's launches, built on the same inputs as the side-by-side run builds them (``helpers.peers``), are timed the
+same way in the same run, forward and forward+backward through autograd. Prints the fastest few against the copy
+bandwidth and the peers, and writes ``results/<gpu>/rms_norm_tune.json``.
 """
 from __future__ import annotations
 
