@@ -26,7 +26,9 @@ from helpers import bench, peers, pick, require_cuda, results  # first: sets the
 from helpers.kernels import rms_norm as R
 
 ROWS = {4096: 32768, 5120: 16384, 8192: 8192}  # M for each N: the side-by-side run's shapes
-GRID = {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16), "programs_per_sm": (1, 2, 4, 8, 16)}
+# programs per SM up to 16 loop over row blocks; 64 and 256 give each program one block at the widest shapes (a grid
+# of M / rows programs, Liger-Kernel's launch at rows = 1)
+GRID = {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16), "programs_per_sm": (1, 2, 4, 8, 16, 64, 256)}
 STAGES = {"fwd": (1, 3), "bwd": (1,)}  # the forward's loop pipelined or not (the backward's is not)
 TIMING = pick(full={"warmup_ms": 5, "rep_ms": 25, "min_reps": 10, "flush_l2": "read"},
               smoke={"warmup_ms": 0, "rep_ms": 1, "min_reps": 1, "flush_l2": False})
