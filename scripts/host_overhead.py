@@ -5,8 +5,14 @@
 For RMSNorm and the fused bias+GELU+LayerNorm on a small shape (the device's time is far below the host's):
 the host's time per call (``bench.host_time``) of each layer of the call, from one PyTorch launch and the bare
 Triton launches up to ``torch.autograd.grad`` through the autograd Function, beside the device's time (one CUDA
-graph); then Python's profiler over the forward+backward calls, the functions that take the most time. Writes
-``results/<gpu>/host_overhead.json`` (on a CPU, ``.smoke-results/``) and prints both.
+graph); then Python's profiler over the forward+backward calls, the functions that take the most time.
+
+Then, at every shape of the side-by-side run (``helpers.peers``), the course's forward+backward through autograd
+as that run calls it: its host time, its Python-called time (CUDA events around back-to-back calls, no cache
+flush) and its device time (a CUDA graph), the shapes taken smallest first and then largest first (a time that
+depends on what ran before shows as a difference between the two), and the CUDA API calls the host makes per call
+(PyTorch's profiler: kernel launches, and any allocation or synchronisation, which would tie the host to the
+device). Writes ``results/<gpu>/host_overhead.json`` (on a CPU, ``.smoke-results/``) and prints all three.
 """
 from __future__ import annotations
 
@@ -18,8 +24,8 @@ import pstats
 import torch
 
 import helpers  # first: on a machine without a GPU it sets the Triton interpreter up
-from helpers import bench, results
-from helpers.device import DEVICE, pick
+from helpers import bench, peers, results
+from helpers.device import DEVICE, HAS_CUDA, pick
 from helpers.kernels import fused_bias_gelu_layernorm as ln
 from helpers.kernels import rms_norm as rms
 
@@ -104,7 +110,45 @@ def main() -> None:
         print(text.getvalue())
         records.append({"what": f"{norm}: profile of forward+backward", "calls": args.calls,
                         "profile": text.getvalue()})
+    records += shape_sweep(args.calls)
     print(f"-> {results.save('host_overhead', records)}")
+
+
+def api_calls(fn, calls: int) -> dict[str, list[float]]:
+    """The CUDA runtime and driver calls ``calls`` calls of ``fn`` make, per call: {name: [count, microseconds]}."""
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if HAS_CUDA else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        if HAS_CUDA:
+            torch.cuda.synchronize()
+    return {e.key: [e.count / calls, e.cpu_time_total / calls] for e in prof.key_averages()
+            if e.key.startswith("cu") and e.key != "cudaDeviceSynchronize"}
+
+
+def shape_sweep(calls: int) -> list[dict]:
+    """The course's norms, forward+backward through autograd, at the side-by-side run's shapes, in both orders."""
+    cases = [c for c in peers.rms_norm_cases() + peers.layer_norm_cases()]
+    records = []
+    for order, sequence in (("smallest first", sorted(cases, key=lambda c: c.leaves[0].numel())),
+                            ("largest first", sorted(cases, key=lambda c: -c.leaves[0].numel()))):
+        print(f"\nforward+backward through autograd, the side-by-side run's shapes, {order}:")
+        for case in sequence:
+            fn = peers.runner(case, "course", "fwd+bwd")
+            host = bench.host_time(fn, calls=max(1, calls // 4))
+            python = bench.time_fn(fn, flush_l2=False, **pick(full={}, smoke={"warmup_ms": 0, "rep_ms": 1}))
+            device = bench.time_in_graph([fn] * pick(full=5, smoke=1), reps=pick(full=20, smoke=1))
+            api = api_calls(fn, pick(full=20, smoke=1))
+            launches = sum(v[0] for k, v in api.items() if "Launch" in k)
+            others = ", ".join(f"{k} x{v[0]:.2f} ({v[1]:.1f} us)" for k, v in api.items() if "Launch" not in k)
+            records.append({"what": f"{case.kernel}: autograd forward+backward, side-by-side shape", "order": order,
+                            "shape": case.shape, "dtype": case.dtype, "host_ms": host.ms, "host_ms_p20": host.ms_p20,
+                            "host_ms_p80": host.ms_p80, "python_ms": python.ms, "device_ms": device.ms,
+                            "launches_per_call": launches, "other_cuda_calls_per_call": others or "none"})
+            print(f"  {case.kernel:10s} {case.shape:26s} {case.dtype}: host {1e3 * host.ms:7.1f} us, "
+                  f"called from Python {1e3 * python.ms:7.1f} us, device {1e3 * device.ms:7.1f} us; per call "
+                  f"{launches:.1f} launches, other CUDA calls: {others or 'none'}")
+    return records
 
 
 if __name__ == "__main__":
