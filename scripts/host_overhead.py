@@ -128,7 +128,7 @@ def api_calls(fn, calls: int) -> dict[str, list[float]]:
 
 def shape_sweep(calls: int) -> list[dict]:
     """The course's norms, forward+backward through autograd, at the side-by-side run's shapes, in both orders."""
-    cases = [c for c in peers.rms_norm_cases() + peers.layer_norm_cases()]
+    cases = peers.rms_norm_cases() + peers.layer_norm_cases()
     records = []
     for order, sequence in (("smallest first", sorted(cases, key=lambda c: c.leaves[0].numel())),
                             ("largest first", sorted(cases, key=lambda c: -c.leaves[0].numel()))):
