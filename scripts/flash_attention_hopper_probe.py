@@ -9,8 +9,9 @@ specialisation on or off) is compiled, checked against the course kernel's outpu
 timed as every course timing is (``bench.time_fn``: CUDA events, a cold L2, the median), beside the course's forward
 and cuDNN's in the same run. A config Triton cannot compile is a record too, with the error.
 
-Warp specialisation: each such config is first compiled without launching, and its PTX compared with the same
-config's without specialisation (Triton may leave a loop as it is; the causal kernel's masked tail always does).
+Warp specialisation: the wrapper asks Triton for it only where the kernel has no masked loop (not causal, the keys
+in whole tiles); elsewhere such a config is recorded as not asked. Each config that asks is first compiled without
+launching, and its PTX compared with the same config's without specialisation (Triton may leave a loop as it is).
 Unchanged code is recorded as such and not timed twice. Changed code is launched in a child process with a time
 limit: a warp-specialised launch that did not finish (a deadlock between the producer and consumer warps) must not
 stop the run, and is recorded as not finished. Written to ``results/<gpu>/flash_attention_hopper_probe.json`` after
@@ -112,6 +113,9 @@ def measure(causal: bool, q, k, v, timeout_s: float = CHILD_TIMEOUT_S,
     for config in CONFIGS:
         if not config.warp_specialize:
             record = time_config(config, causal, q, k, v, reference)
+        elif not launch_constants(config, causal, k.shape[2], q.shape[-1])["WARP_SPECIALIZE"]:
+            record = {"impl": "hopper", "causal": causal, **dataclasses.asdict(config),
+                      "status": "not asked of Triton: the kernel has a masked loop (see launch_constants)"}
         else:
             plain = dataclasses.replace(config, warp_specialize=False)
             try:

@@ -94,21 +94,24 @@ def _probe():
 def test_the_probe_records_every_config_and_its_peers(monkeypatch):
     """scripts/flash_attention_hopper_probe.py's measurement loop at a small shape, cuDNN stood in for by the course
     kernel (the interpreter has no cuDNN): a record per peer and per config, failures recorded, not raised; the
-    warp-specialised config (whose code the interpreter cannot tell apart) timed in a child process."""
+    warp-specialised config (whose code the interpreter cannot tell apart) timed in a child process where the keys
+    fill whole tiles, and not asked for where the kernel has a masked loop (causal)."""
     probe = _probe()
-    monkeypatch.setattr(probe, "SHAPE", (1, 2, 40, 64))
+    monkeypatch.setattr(probe, "SHAPE", (1, 2, 48, 64))
     monkeypatch.setattr(probe, "CONFIGS", [HopperConfig(32, 16, 1, 1), HopperConfig(32, 16, 1, 1, warp_specialize=True),
                                            HopperConfig(24, 16, 1, 1)])  # a 24-row tile: Triton refuses
     course = probe.implementation("triton")
     monkeypatch.setattr(probe, "implementation", lambda name: course)
     dtype = torch.float16 if HAS_CUDA else torch.float32
-    q, k, v = (torch.randn(1, 2, 40, 64, device=DEVICE, dtype=dtype) for _ in range(3))
-    records = probe.measure(True, q, k, v)
+    q, k, v = (torch.randn(1, 2, 48, 64, device=DEVICE, dtype=dtype) for _ in range(3))
+    records = probe.measure(False, q, k, v)
     assert [r["impl"] for r in records] == ["course", "cudnn", "hopper", "hopper", "hopper"]
     ok = [r for r in records if r["status"] == "ok"]
     assert len(ok) == 4 and all(r["ms"] > 0 and r["tflops"] > 0 for r in ok)
     assert all(r["max_abs_diff"] < 1e-3 for r in ok if r["impl"] == "hopper")
     assert "warp_specialize_changed_code" in records[3] and records[4]["status"] != "ok"
+    causal = probe.measure(True, q, k, v)
+    assert causal[3]["status"].startswith("not asked") and "ms" not in causal[3]
 
 
 def test_the_probe_records_a_child_that_does_not_finish(monkeypatch):
