@@ -12,7 +12,9 @@ as that run calls it: its host time, its Python-called time (CUDA events around 
 flush) and its device time (a CUDA graph), the shapes taken smallest first and then largest first (a time that
 depends on what ran before shows as a difference between the two), and the CUDA API calls the host makes per call
 (PyTorch's profiler: kernel launches, and any allocation or synchronisation, which would tie the host to the
-device). Writes ``results/<gpu>/host_overhead.json`` (on a CPU, ``.smoke-results/``) and prints all three.
+device). Last, on a GPU: the forward kernel's launch through the compiled kernel Triton keeps for it, against the
+usual ``kernel[grid](...)``. Writes ``results/<gpu>/host_overhead.json`` (on a CPU, ``.smoke-results/``) and
+prints all of it.
 """
 from __future__ import annotations
 
@@ -112,6 +114,47 @@ def main() -> None:
                         "profile": text.getvalue()})
     records += shape_sweep(args.calls)
     print(f"-> {results.save('host_overhead', records)}")
+    if HAS_CUDA:  # last, and saved again: a launch this script assembles by hand must not cost the rest
+        records.append(compiled_launch(*pick(full=(4096, 4096), smoke=(6, 40)), args.calls))
+        print(f"-> {results.save('host_overhead', records)}")
+
+
+def compiled_launch(m: int, n: int, calls: int) -> dict:
+    """RMSNorm's forward kernel launched through the compiled kernel Triton keeps for it (``CompiledKernel``'s own
+    launcher, arguments bound once) against ``kernel[grid](...)``, which binds and checks every argument, looks the
+    compiled kernel up and checks the kernel's globals on each call: what a leaner launch path could save. Its output
+    is compared with the usual launch's before it is timed."""
+    x = torch.randn(m, n, device=DEVICE, dtype=torch.bfloat16)
+    w = torch.randn(n, device=DEVICE, dtype=torch.bfloat16)
+    cfg = rms.forward_config(n, x.dtype)
+    rows, programs = rms._grid(m, cfg, x.device)
+    outputs = [(torch.empty_like(x), torch.empty(m, device=DEVICE)) for _ in range(2)]
+    constants = dict(BLOCK_N=cfg.block_n, ROWS=rows, SINGLE=cfg.block_n >= n, EVEN_N=cfg.block_n == n, HAS_RES=False,
+                     STAGES=cfg.stages)
+    kernel = rms._rms_norm_fwd_kernel
+
+    def arguments(y, rstd):
+        return (x, x, x, w, y, rstd, m, n, n, n, 1e-6)
+
+    def usual(y=outputs[0][0], rstd=outputs[0][1]):
+        kernel[(programs,)](*arguments(y, rstd), num_warps=cfg.num_warps, **constants)
+
+    compiled = kernel.warmup(*arguments(*outputs[1]), grid=(programs,), num_warps=cfg.num_warps, **constants)
+    bound = (*arguments(*outputs[1]), *(constants[name] for name in kernel.arg_names[11:]))
+    launch = compiled[(programs, 1, 1)]
+    usual()
+    launch(*bound)
+    same = bool(torch.equal(outputs[0][0], outputs[1][0]) and torch.equal(outputs[0][1], outputs[1][1]))
+    record = {"what": "rms_norm: forward kernel, launched through its compiled kernel", "shape": f"{m} x {n}",
+              "dtype": "bf16", "same_output": same}
+    if same:
+        plain, direct = bench.host_time(usual, calls=calls), bench.host_time(lambda: launch(*bound), calls=calls)
+        record.update(host_ms=direct.ms, host_ms_p20=direct.ms_p20, host_ms_p80=direct.ms_p80, usual_host_ms=plain.ms)
+        print(f"RMSNorm forward kernel: kernel[grid](...) {1e3 * plain.ms:.1f} us of host time a launch, through the "
+              f"compiled kernel {1e3 * direct.ms:.1f} us")
+    else:
+        print("the compiled kernel's launch gave another output: not timed")
+    return record
 
 
 def api_calls(fn, calls: int) -> dict[str, list[float]]:
