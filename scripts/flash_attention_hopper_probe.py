@@ -67,9 +67,14 @@ def ptx(config: HopperConfig, causal: bool, q: torch.Tensor) -> str:
     return compiled.asm["ptx"]
 
 
+def config_record(config: HopperConfig, causal: bool, **fields) -> dict:
+    """A record naming ``config`` and the causality, with ``fields``."""
+    return {"impl": "hopper", "causal": causal, **dataclasses.asdict(config), **fields}
+
+
 def time_config(config: HopperConfig, causal: bool, q, k, v, reference: torch.Tensor) -> dict:
     """One config's record: its time and largest difference from ``reference``, or the error that stopped it."""
-    record = {"impl": "hopper", "causal": causal, **dataclasses.asdict(config)}
+    record = config_record(config, causal)
     try:
         out, _ = flash_attention_forward_hopper(q, k, v, causal, config=config)
         t = bench.time_fn(lambda: flash_attention_forward_hopper(q, k, v, causal, config=config))
@@ -82,7 +87,7 @@ def time_config(config: HopperConfig, causal: bool, q, k, v, reference: torch.Te
 def in_child(config: HopperConfig, causal: bool, q: torch.Tensor, timeout_s: float) -> dict:
     """:func:`time_config` in a child process (this script with ``--one``) on inputs of ``q``'s shape and dtype
     drawn there, killed after ``timeout_s``."""
-    record = {"impl": "hopper", "causal": causal, **dataclasses.asdict(config)}
+    record = config_record(config, causal)
     spec = {"causal": causal, "shape": list(q.shape), "dtype": str(q.dtype).removeprefix("torch."),
             **dataclasses.asdict(config)}
     cmd = [sys.executable, __file__, "--one", json.dumps(spec)]
@@ -114,8 +119,8 @@ def measure(causal: bool, q, k, v, timeout_s: float = CHILD_TIMEOUT_S,
         if not config.warp_specialize:
             record = time_config(config, causal, q, k, v, reference)
         elif not launch_constants(config, causal, k.shape[2], q.shape[-1])["WARP_SPECIALIZE"]:
-            record = {"impl": "hopper", "causal": causal, **dataclasses.asdict(config),
-                      "status": "not asked of Triton: the kernel has a masked loop (see launch_constants)"}
+            record = config_record(config, causal,
+                                   status="not asked of Triton: the kernel has a masked loop (see launch_constants)")
         else:
             plain = dataclasses.replace(config, warp_specialize=False)
             try:
@@ -123,8 +128,8 @@ def measure(causal: bool, q, k, v, timeout_s: float = CHILD_TIMEOUT_S,
             except Exception as error:  # noqa: BLE001 -- Triton's internal API (none in the interpreter)
                 changed = f"not told: {type(error).__name__}: {str(error).strip().splitlines()[-1][:160]}"
             if changed is False:
-                record = {"impl": "hopper", "causal": causal, **dataclasses.asdict(config),
-                          "status": "same code as without warp specialisation: not timed again"}
+                record = config_record(config, causal,
+                                       status="same code as without warp specialisation: not timed again")
             else:
                 record = in_child(config, causal, q, timeout_s)
             record["warp_specialize_changed_code"] = changed
