@@ -10,11 +10,12 @@ graph); then Python's profiler over the forward+backward calls, the functions th
 Then, at every shape of the side-by-side run (``helpers.peers``), the course's forward+backward through autograd
 as that run calls it: its host time, its Python-called time (CUDA events around back-to-back calls, no cache
 flush) and its device time (a CUDA graph), the shapes taken smallest first and then largest first (a time that
-depends on what ran before shows as a difference between the two), and the CUDA API calls the host makes per call
-(PyTorch's profiler: kernel launches, and any allocation or synchronisation, which would tie the host to the
-device). Last, on a GPU: the forward kernel's launch through the compiled kernel Triton keeps for it, against the
-usual ``kernel[grid](...)``. Writes ``results/<gpu>/host_overhead.json`` (on a CPU, ``.smoke-results/``) and
-prints all of it.
+depends on what ran before shows as a difference between the two), the host's time again with the GPU kept busy
+(does a launch onto an idle GPU cost more, or does the call wait for the GPU?), and the CUDA API calls the host
+makes per call (PyTorch's profiler: kernel launches, and any allocation or synchronisation, which would tie the
+host to the device). Last, on a GPU: the forward kernel's launch through the compiled kernel Triton keeps for
+it, against the usual ``kernel[grid](...)``. Writes ``results/<gpu>/host_overhead.json`` (on a CPU,
+``.smoke-results/``) and prints all of it.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import argparse
 import cProfile
 import io
 import pstats
+import statistics
+import time
 
 import torch
 
@@ -169,6 +172,27 @@ def api_calls(fn, calls: int) -> dict[str, list[float]]:
             if e.key.startswith("cu") and e.key != "cudaDeviceSynchronize"}
 
 
+def host_time_behind_busy_gpu(fn, calls: int, rounds: int = 5) -> tuple[float, bool]:
+    """The host's time per ``fn()`` (ms, median of ``rounds``) with the GPU kept busy the whole time: each round
+    first queues a kernel that spins for about 0.1 s, so every launch of the round joins a queue instead of finding
+    the GPU idle. Returns the time and whether the spin outlasted every round (else the GPU caught up). Set beside
+    ``bench.host_time``: if the call costs the host less here, launching onto an idle GPU costs it more; if more,
+    something in the call waits for the GPU."""
+    times, busy = [], True
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(200_000_000)  # clock cycles: about 0.1 s at the H200's 1.5-2 GHz
+        spun = torch.cuda.Event()
+        spun.record()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append(1e3 * (time.perf_counter() - start) / calls)
+        busy = busy and not spun.query()
+    torch.cuda.synchronize()
+    return statistics.median(times), busy
+
+
 def shape_sweep(calls: int) -> list[dict]:
     """The course's norms, forward+backward through autograd, at the side-by-side run's shapes, in both orders."""
     cases = peers.rms_norm_cases() + peers.layer_norm_cases()
@@ -181,14 +205,18 @@ def shape_sweep(calls: int) -> list[dict]:
             host = bench.host_time(fn, calls=max(1, calls // 4))
             python = bench.time_fn(fn, flush_l2=False, **pick(full={}, smoke={"warmup_ms": 0, "rep_ms": 1}))
             device = bench.time_in_graph([fn] * pick(full=5, smoke=1), reps=pick(full=20, smoke=1))
+            busy_ms, busy = host_time_behind_busy_gpu(fn, max(1, calls // 4)) if HAS_CUDA else (None, None)
             api = api_calls(fn, pick(full=20, smoke=1))
             launches = sum(v[0] for k, v in api.items() if "Launch" in k)
             others = ", ".join(f"{k} x{v[0]:.2f} ({v[1]:.1f} us)" for k, v in api.items() if "Launch" not in k)
             records.append({"what": f"{case.kernel}: autograd forward+backward, side-by-side shape", "order": order,
                             "shape": case.shape, "dtype": case.dtype, "host_ms": host.ms, "host_ms_p20": host.ms_p20,
-                            "host_ms_p80": host.ms_p80, "python_ms": python.ms, "device_ms": device.ms,
+                            "host_ms_p80": host.ms_p80, "host_ms_gpu_busy": busy_ms, "gpu_busy_throughout": busy,
+                            "python_ms": python.ms, "device_ms": device.ms,
                             "launches_per_call": launches, "other_cuda_calls_per_call": others or "none"})
-            print(f"  {case.kernel:10s} {case.shape:26s} {case.dtype}: host {1e3 * host.ms:7.1f} us, "
+            behind = "" if busy_ms is None else (f" ({1e3 * busy_ms:.1f} us behind a busy GPU"
+                                                 + ("" if busy else ", which caught up") + ")")
+            print(f"  {case.kernel:10s} {case.shape:26s} {case.dtype}: host {1e3 * host.ms:7.1f} us{behind}, "
                   f"called from Python {1e3 * python.ms:7.1f} us, device {1e3 * device.ms:7.1f} us; per call "
                   f"{launches:.1f} launches, other CUDA calls: {others or 'none'}")
     return records
