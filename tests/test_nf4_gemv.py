@@ -392,7 +392,7 @@ def _fill_pair_table() -> tuple[dict[int, int], int]:
 def test_pair_table_holds_every_pair_in_every_copy():
     shared, table = _fill_pair_table()
     code = [_f32(_bits32(v)) for v in BF.get_4bit_type("nf4", device="cpu").float().tolist()]
-    assert sorted(shared) == list(range(table, table + 256 * K.PAIR_ROW, 4))  # 32 KB, every word of it stored
+    assert sorted(shared) == list(range(table, table + 256 * K.PAIR_ROW, 4))  # 32 KB, every word stored once
     for e in range(256):
         for c in range(K.PAIR_COPIES):
             at = table + e * K.PAIR_ROW + 8 * c
