@@ -262,12 +262,11 @@ def _bits32(value: float) -> int:
 
 
 def run_ptx(ptx: str, inputs: dict[str, int], shared: dict[int, int] | None = None, lane: int = 0,
-            symbols: dict[str, int] | None = None, stores: list[int] | None = None) -> dict[str, int]:
+            symbols: dict[str, int] | None = None) -> dict[str, int]:
     """Execute the kernel's PTX (``_dequant_ptx``, ``_dot_ptx``, ``_pairs_ptx``) for one thread, on 32-bit register
     values (``inputs``: operand -> bits). ``shared``: shared memory, byte address -> 32-bit word (stores fill it,
     loads read it; a load of a word never stored fails); ``lane``: the thread's ``%laneid``; ``symbols``: the
-    addresses of shared variables; ``stores``: each store's address is appended to it, in order. A barrier does
-    nothing (one thread at a time: fill first, then read).
+    addresses of shared variables. A barrier does nothing (one thread at a time: fill first, then read).
     The multiplies by the scale are skipped (a scale of 1); fp32 arithmetic in float64, then rounded."""
     reg = dict(inputs)
     shared = {} if shared is None else shared
@@ -284,14 +283,10 @@ def run_ptx(ptx: str, inputs: dict[str, int], shared: dict[int, int] | None = No
         op, _, args = line.strip().rstrip(";").partition(" ")
         a = [t.strip() for t in args.replace("{", "").replace("}", "").split(",")]
         if op == "st.shared.v4.f32":
-            if stores is not None:
-                stores.append(address(a[0]))
             for i, v in enumerate(a[1:]):
                 shared[address(a[0]) + 4 * i] = val(v)
         elif op == "ld.shared.v2.f32":
             reg[a[0]], reg[a[1]] = shared[address(a[2])], shared[address(a[2]) + 4]
-        elif op == "add.u32":
-            reg[a[0]] = (val(a[1]) + val(a[2])) & 0xFFFFFFFF
         elif op == "mad.lo.u32":
             reg[a[0]] = (val(a[1]) * val(a[2]) + val(a[3])) & 0xFFFFFFFF
         elif op == "mov.u32":
@@ -397,20 +392,6 @@ def test_pair_table_holds_every_pair_in_every_copy():
         for c in range(K.PAIR_COPIES):
             at = table + e * K.PAIR_ROW + 8 * c
             assert (_f32(shared[at]), _f32(shared[at + 4])) == (code[e >> 4], code[e & 15])
-
-
-def test_pair_table_fill_stores_of_eight_lanes_never_share_a_bank():
-    """A 128-bit store is served eight lanes at a time: whatever entries eight consecutive lanes fill, each of their
-    stores writes a different 16-byte chunk (four banks) of the 128-byte bank line."""
-    fill, gen = K._pairs_ptx()["fill"], torch.Generator().manual_seed(4)
-    for first in (0, 8, 24):
-        entries = torch.randint(0, 256, (8,), generator=gen).tolist()
-        order = []
-        for lane, e in zip(range(first, first + 8), entries):
-            order.append([])
-            run_ptx(fill, {"$1": 0, "$2": e, "$3": 0, "$4": 0}, lane=lane, stores=order[-1])
-        for step in zip(*order):  # the eight lanes' stores of one instruction
-            assert len({(address // 16) % 8 for address in step}) == 8
 
 
 def test_pair_table_loads_of_a_half_warp_never_share_a_bank():

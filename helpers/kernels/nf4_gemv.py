@@ -168,8 +168,6 @@ def _dot_ptx() -> str:
 
 PAIR_COPIES = 16  # copies of the pair table, one per lane of a half-warp (see _pairs_ptx)
 PAIR_ROW = 8 * PAIR_COPIES  # bytes from one entry of the pair table to the next
-PAIR_TABLE_BYTES = 256 * PAIR_ROW  # static shared memory the table takes (32 KB)
-SHARED_WITHOUT_OPT_IN = 48 * 1024  # what a launch may use unless the kernel opts in to more
 
 
 def _pairs_ptx() -> dict[str, str]:
@@ -180,15 +178,12 @@ def _pairs_ptx() -> dict[str, str]:
     a time, and 16 lanes reading 16 different copies touch 32 different banks whatever bytes they look up.
 
     * ``declare``: the table (``nf4_pairs``, static shared memory, 32 KB) and its address (``$0``);
-    * ``fill``: entry ``$2``'s values (``$3``, ``$4``) stored in all copies, the table at ``$1``, 16 bytes (two
-      copies) a store; lane ``l`` starts at store ``l % 8`` of its row, so the eight lanes a 128-bit store serves
-      at a time write eight different 16-byte chunks, hence different banks, whichever entries they hold;
+    * ``fill``: entry ``$2``'s values (``$3``, ``$4``) stored in all copies, the table at ``$1``;
     * ``ready``: a barrier (every thread's stores done), then this lane's copy: ``$0 = $1 + 8 (lane % 16)``;
     * ``dot``: ``$0`` = the fp32 sum of the eight products of word ``$1`` with its x values ``$3`` ... ``$10``
       (storage order), ``$2`` the lane's copy. Per byte: a ``prmt`` takes it out, a multiply-add makes its
       entry's address, one 64-bit load, two fp32 multiply-adds."""
-    stores = "".join(f"\n add.u32 o, l, {i};\n and.b32 o, o, {PAIR_ROW // 16 - 1};\n mad.lo.u32 o, o, 16, a;"
-                     "\n st.shared.v4.f32 [o], {$3, $4, $3, $4};" for i in range(PAIR_ROW // 16))
+    stores = "".join(f"\n st.shared.v4.f32 [a+{16 * i}], {{$3, $4, $3, $4}};" for i in range(PAIR_ROW // 16))
     dot = "".join(f"""
  prmt.b32 t, $1, 0, 0x444{j};
  mad.lo.u32 a, t, {PAIR_ROW}, $2;
@@ -196,9 +191,8 @@ def _pairs_ptx() -> dict[str, str]:
  fma.rn.f32 acc, w0, ${3 + 2 * j}, acc;
  fma.rn.f32 acc, w1, ${4 + 2 * j}, acc;""" for j in range(4))
     return {
-        "declare": f".shared .align 16 .b8 nf4_pairs[{PAIR_TABLE_BYTES}];\n mov.u32 $0, nf4_pairs;",
-        "fill": ("{\n .reg .b32 a, l, o;\n mad.lo.u32 a, $2, " + str(PAIR_ROW) + ", $1;\n mov.u32 l, %laneid;" + stores
-                 + "\n mov.u32 $0, 0;\n}"),
+        "declare": f".shared .align 16 .b8 nf4_pairs[{256 * PAIR_ROW}];\n mov.u32 $0, nf4_pairs;",
+        "fill": "{\n .reg .b32 a;\n mad.lo.u32 a, $2, " + str(PAIR_ROW) + ", $1;" + stores + "\n mov.u32 $0, 0;\n}",
         "ready": ("{\n .reg .b32 l;\n bar.sync 0;\n mov.u32 l, %laneid;\n and.b32 l, l, " + str(PAIR_COPIES - 1)
                   + ";\n mad.lo.u32 $0, l, 8, $1;\n}"),
         "dot": "{\n .reg .b32 t, a;\n .reg .f32 w0, w1, acc;\n mov.f32 acc, 0f00000000;" + dot
@@ -299,8 +293,7 @@ def _dot_words(word, x, planes):
 def _pair_table(CODE, anchor):
     """Fill the shared pair table (``_pairs_ptx``) from the 16 fp32 values at ``CODE``, wait for every thread,
     and return this lane's copy (an address in shared memory). ``anchor``: any scalar (the asm needs an
-    operand). Call it once per kernel (a second call declares the table again: ptxas refuses), where every thread
-    of the block gets to (its barrier waits for all), and not in a warp-specialised kernel."""
+    operand)."""
     table = tl.inline_asm_elementwise(_PAIRS_DECLARE, "=r,r", [anchor], dtype=tl.int32, is_pure=False, pack=1)
     e = tl.arange(0, 256)
     tl.inline_asm_elementwise(_PAIRS_FILL, "=r,r,r,f,f", [table, e, tl.load(CODE + (e >> 4)), tl.load(CODE + (e & 15))],
@@ -400,6 +393,8 @@ def _nf4_matmul_kernel(X, GATE, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, O
     g_rows = GATE + rm.to(tl.int64)[:, None] * stride_xm  # the gate has x's strides
     if NESTED:
         offset = tl.load(OFFSET)
+    if ASM and SHARED:  # the pair table in shared memory: this lane's copy
+        copy = _pair_table(CODE, pid_n)
     if ASM and not SHARED:  # the table as byte planes for the PTX
         planes = (_plane(CODE, 0, 0, PLANES), _plane(CODE, 4, 0, PLANES), _plane(CODE, 8, 0, PLANES),
                   _plane(CODE, 12, 0, PLANES), _plane(CODE, 0, 1, PLANES), _plane(CODE, 4, 1, PLANES),
@@ -416,8 +411,6 @@ def _nf4_matmul_kernel(X, GATE, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, O
     last = tl.minimum(first + chunks_per_split, tl.cdiv(K, BLOCK_K))
     if PREFETCH:
         word_next, raw_next = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, first, last, groups, rg, rv, G, WPB)
-    if ASM and SHARED:  # the pair table in shared memory (filled while the first chunk loads): this lane's copy
-        copy = _pair_table(CODE, pid_n)
     for c in tl.range(first, last, num_stages=STAGES):
         g = c * G + rg                 # block index along the row, [G]
         g_ok = g < groups
@@ -749,45 +742,21 @@ def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | No
                 w.offset if nested else w.absmax]
 
     w0, more = parts(ops), [parts(w) for w in weights[1:]] + [parts(ops)] * (3 - len(weights))
-    grid = (sum(triton.cdiv(w.n, cfg.block_n) for w in weights), split)
-    args = (x2, gate2, w0[0], ops.code, w0[1], w0[2], ops.nested_code if nested else ops.absmax, w0[3],
-            bias if bias is not None else x2, target, *more[0], *more[1],
-            m, n, ns[0], ns[1] if len(ns) > 1 else 0, ops.k, x2.stride(0), per_split)
-    meta = dict(QB=ops.blocksize, NESTED_QB=ops.nested_blocksize, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
-                BLOCK_K=cfg.block_k, NESTED=nested, HAS_BIAS=bias is not None, PARTIAL=split > 1, WEIGHTS=len(weights),
-                ASM=asm, DOT_FP32=DOT_FP32, STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, SWIGLU=gate is not None,
-                SHARED=shared, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32 x: full precision
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if asm and shared:
-        _check_pair_table_fits(args, grid, meta, x.dtype)
-    _nf4_matmul_kernel[grid](*args, **meta)
+    _nf4_matmul_kernel[(sum(triton.cdiv(w.n, cfg.block_n) for w in weights), split)](
+        x2, gate2, w0[0], ops.code, w0[1], w0[2], ops.nested_code if nested else ops.absmax, w0[3],
+        bias if bias is not None else x2, target, *more[0], *more[1],
+        m, n, ns[0], ns[1] if len(ns) > 1 else 0, ops.k, x2.stride(0), per_split,
+        QB=ops.blocksize, NESTED_QB=ops.nested_blocksize, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, NESTED=nested, HAS_BIAS=bias is not None, PARTIAL=split > 1, WEIGHTS=len(weights),
+        ASM=asm, DOT_FP32=DOT_FP32, STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, SWIGLU=gate is not None,
+        SHARED=shared, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32 x: full-precision products
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block),)](
             target, bias if bias is not None else target, flat, m * n, n, split,
             HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
     return outs
-
-
-_FITS: set[tuple] = set()  # the pair-table launches whose shared memory was checked
-
-
-def _check_pair_table_fits(args: tuple, grid: tuple[int, int], meta: dict, dtype: torch.dtype) -> None:
-    """Refuse a pair-table launch whose shared memory would pass what a launch gets without opting in. Triton
-    opts in only for its own buffers, which grow with the tile (4 KB at 16 x 2048 with 4 warps, 16 KB at
-    32 x 8192 with 8 warps, Triton 3.9), not counting the table's 32 KB of static shared memory. Compiles the
-    variant once (``warmup``, no launch) and remembers the ones that fit."""
-    key = (dtype, *sorted(meta.items()))
-    if key in _FITS:
-        return
-    kernel = _nf4_matmul_kernel.warmup(*args, grid=grid, **meta)
-    total = kernel.metadata.shared + PAIR_TABLE_BYTES
-    if total > SHARED_WITHOUT_OPT_IN:
-        raise ValueError(f"Config.table = 'shared' with block_n = {meta['BLOCK_N']}, block_k = {meta['BLOCK_K']} and "
-                         f"{meta['num_warps']} warps needs {total} bytes of shared memory (the table's "
-                         f"{PAIR_TABLE_BYTES} and Triton's {kernel.metadata.shared}), more than the "
-                         f"{SHARED_WITHOUT_OPT_IN} a launch gets: take a smaller block_k or fewer warps")
-    _FITS.add(key)
 
 
 def nf4_linear(x: torch.Tensor, module: torch.nn.Module, config: Config | None = None, *,
