@@ -505,9 +505,6 @@ class Config:
                              f"{self.num_stages}")
         if self.table not in TABLES:
             raise ValueError(f"Config.table must be one of {TABLES}, got {self.table!r}")
-        if self.table == "shared" and self.num_stages > 1:  # Triton raises the 48 KB limit only for its own buffers
-            raise ValueError("Config.table = 'shared' takes num_stages = 1: the table's 32 KB of static shared memory "
-                             "and the pipeline's buffers would pass the 48 KB a launch gets without opting in")
 
 
 # rows of the padded M -> (block_n, block_k, num_warps, prefetch, min_programs), from
