@@ -11,7 +11,11 @@ element a kernel may spend 128 b / B instructions per element before issue, not 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
+import re
+import subprocess
+import tempfile
 
 os.environ["TRITON_INTERPRET"] = "0"  # compile real kernels, also on a machine without a GPU
 import torch  # noqa: E402
@@ -20,9 +24,10 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from helpers.kernels import fused_bias_gelu_layernorm as K  # noqa: E402
-from helpers.sass import FP32_PIPE, loop_mix  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+FP32_PIPE = ("FFMA", "FMUL", "FADD", "FSETP", "FSEL", "FMNMX")
+_INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
 
 def compile_forward(n: int, dtype: torch.dtype, arch: int, gelu: str = "auto"):
@@ -41,6 +46,24 @@ def compile_forward(n: int, dtype: torch.dtype, arch: int, gelu: str = "auto"):
     kernel = triton.compile(ASTSource(K._forward_kernel, signature, constants, aligned),
                             target=GPUTarget("cuda", arch, 32), options={"num_warps": cfg.num_warps})
     return kernel, cfg
+
+
+def loop_mix(cubin: bytes) -> collections.Counter:
+    """Opcode counts of the longest loop (the body between a label and the last branch back to it)."""
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    lines = [line for line in sass.splitlines() if _INSTRUCTION.match(line) or re.match(r"^\s*\.L\w+:", line)]
+    labels, body = {}, []
+    for i, line in enumerate(lines):
+        if m := re.match(r"^\s*(\.L\w+):", line):
+            labels[m.group(1)] = i
+        target = m.group(1) if (m := re.search(r"BRA\s+`?\(?(\.L\w+)", line)) else None
+        if target in labels and i - labels[target] > len(body):
+            body = lines[labels[target]:i + 1]
+    return collections.Counter(m.group(1) for line in body if (m := _INSTRUCTION.match(line)))
 
 
 def main() -> None:

@@ -4,11 +4,7 @@ On the CPU the kernel runs in the Triton interpreter, whose fp32 -> bf16 convers
 instead of rounding to nearest: the bf16 tolerance allows for it.
 """
 import math
-import os
-import re
 import struct
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,7 +15,6 @@ import bitsandbytes.functional as BF
 import triton
 import triton.language as tl
 from helpers.kernels import nf4_gemv as K
-from helpers.results import REPO_ROOT
 from numerics import rel_err
 
 DEV = helpers.DEVICE
@@ -261,37 +256,18 @@ def _bits32(value: float) -> int:
     return struct.unpack("<I", struct.pack("<f", value))[0]
 
 
-def run_ptx(ptx: str, inputs: dict[str, int], shared: dict[int, int] | None = None, lane: int = 0,
-            symbols: dict[str, int] | None = None) -> dict[str, int]:
-    """Execute the kernel's PTX (``_dequant_ptx``, ``_dot_ptx``, ``_pairs_ptx``) for one thread, on 32-bit register
-    values (``inputs``: operand -> bits). ``shared``: shared memory, byte address -> 32-bit word (stores fill it,
-    loads read it; a load of a word never stored fails); ``lane``: the thread's ``%laneid``; ``symbols``: the
-    addresses of shared variables. A barrier does nothing (one thread at a time: fill first, then read).
+def run_ptx(ptx: str, inputs: dict[str, int]) -> dict[str, int]:
+    """Execute ``_dequant_ptx`` / ``_dot_ptx`` on 32-bit register values (``inputs``: operand -> bits).
     The multiplies by the scale are skipped (a scale of 1); fp32 arithmetic in float64, then rounded."""
     reg = dict(inputs)
-    shared = {} if shared is None else shared
-    names = {"%laneid": lane, **(symbols or {})}
 
     def val(x: str) -> int:
-        return reg[x] if x in reg else names[x] if x in names else _bits32(0.0) if x == "0f00000000" else int(x, 0)
-
-    def address(x: str) -> int:
-        base, _, offset = x.strip("[]").partition("+")
-        return val(base) + (int(offset) if offset else 0)
+        return reg[x] if x in reg else _bits32(0.0) if x == "0f00000000" else int(x, 0)
 
     for line in ptx.splitlines():
         op, _, args = line.strip().rstrip(";").partition(" ")
         a = [t.strip() for t in args.replace("{", "").replace("}", "").split(",")]
-        if op == "st.shared.v4.f32":
-            for i, v in enumerate(a[1:]):
-                shared[address(a[0]) + 4 * i] = val(v)
-        elif op == "ld.shared.v2.f32":
-            reg[a[0]], reg[a[1]] = shared[address(a[2])], shared[address(a[2]) + 4]
-        elif op == "mad.lo.u32":
-            reg[a[0]] = (val(a[1]) * val(a[2]) + val(a[3])) & 0xFFFFFFFF
-        elif op == "mov.u32":
-            reg[a[0]] = val(a[1])
-        elif op == "and.b32":
+        if op == "and.b32":
             reg[a[0]] = val(a[1]) & val(a[2])
         elif op == "shr.b32":
             reg[a[0]] = val(a[1]) >> val(a[2])
@@ -317,13 +293,13 @@ def run_ptx(ptx: str, inputs: dict[str, int], shared: dict[int, int] | None = No
             hi, lo = (int(torch.tensor([_f32(val(x))]).to(torch.bfloat16).view(torch.int16)) & 0xFFFF
                       for x in a[1:])
             reg[a[0]] = (hi << 16) | lo
-        elif op not in SKIPPED and not op.startswith((".reg", ".shared", "{", "}")) and op:
+        elif op not in SKIPPED and not op.startswith((".reg", "{", "}")) and op:
             raise AssertionError(f"the emulator does not know {op!r}")
     return reg
 
 
-# the fp16 path's scale conversion and multiply (its test feeds a scale of 1); the barrier (see run_ptx)
-SKIPPED = {"cvt.rn.f16x2.f32", "mul.rn.f16x2", "bar.sync"}
+# the fp16 path's scale conversion and multiply (its test feeds a scale of 1)
+SKIPPED = {"cvt.rn.f16x2.f32", "mul.rn.f16x2"}
 
 
 def _storage_codes(word: int) -> list[int]:
@@ -372,92 +348,6 @@ def test_dot_ptx_sums_the_products_of_a_word(x_dtype):
         out = _f32(run_ptx(ptx, {"$1": word, **xin, **planes})["$0"])
         expect = sum(table[c] * v for c, v in zip(_storage_codes(word), x.tolist()))
         assert out == pytest.approx(expect, rel=1e-5, abs=1e-6)
-
-
-def _fill_pair_table() -> tuple[dict[int, int], int]:
-    """Shared memory after every entry of the pair table was stored (``_pairs_ptx``), and the table's address."""
-    ptx, code = K._pairs_ptx(), BF.get_4bit_type("nf4", device="cpu").float().tolist()
-    table = run_ptx(ptx["declare"], {}, symbols={"nf4_pairs": 0x400})["$0"]
-    shared = {}
-    for e in range(256):
-        run_ptx(ptx["fill"], {"$1": table, "$2": e, "$3": _bits32(code[e >> 4]), "$4": _bits32(code[e & 15])}, shared)
-    return shared, table
-
-
-def test_pair_table_holds_every_pair_in_every_copy():
-    shared, table = _fill_pair_table()
-    code = [_f32(_bits32(v)) for v in BF.get_4bit_type("nf4", device="cpu").float().tolist()]
-    assert sorted(shared) == list(range(table, table + 256 * K.PAIR_ROW, 4))  # 32 KB, every word stored once
-    for e in range(256):
-        for c in range(K.PAIR_COPIES):
-            at = table + e * K.PAIR_ROW + 8 * c
-            assert (_f32(shared[at]), _f32(shared[at + 4])) == (code[e >> 4], code[e & 15])
-
-
-def test_pair_table_loads_of_a_half_warp_never_share_a_bank():
-    """Whatever bytes 16 lanes look up, their 64-bit loads touch 32 different banks (4-byte words mod 32)."""
-    _, table = _fill_pair_table()
-    ready, gen = K._pairs_ptx()["ready"], torch.Generator().manual_seed(3)
-    for half in (0, 16):
-        copies = [run_ptx(ready, {"$1": table}, lane=half + lane)["$0"] for lane in range(16)]
-        for _ in range(50):
-            entries = torch.randint(0, 256, (16,), generator=gen).tolist()
-            words = [(copy + e * K.PAIR_ROW) // 4 + i for copy, e in zip(copies, entries) for i in range(2)]
-            assert len({w % 32 for w in words}) == 32
-
-
-@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
-def test_pair_table_dot_sums_the_exact_products_of_a_word(x_dtype):
-    shared, table = _fill_pair_table()
-    ptx, code = K._pairs_ptx(), BF.get_4bit_type("nf4", device="cpu").float().tolist()
-    gen = torch.Generator().manual_seed(2)
-    for lane in (0, 7, 16, 31):
-        copy = run_ptx(ptx["ready"], {"$1": table}, lane=lane)["$0"]
-        for word in WORDS[:60] + WORDS[-4:]:
-            x = torch.randn(8, generator=gen).to(x_dtype).double()
-            xin = {f"${3 + j}": _bits32(v) for j, v in enumerate(x.tolist())}
-            out = _f32(run_ptx(ptx["dot"], {"$1": word, "$2": copy, **xin}, shared, lane)["$0"])
-            expect = sum(code[c] * v for c, v in zip(_storage_codes(word), x.tolist()))
-            assert out == pytest.approx(expect, rel=1e-6, abs=1e-6)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("lead,n,k", [((1,), 37, 320), ((1, 1), 130, 1024)])
-def test_pair_table_config_matches_float64(lead, n, k, dtype, poisoned):
-    """``Config.table = "shared"``: the exact table (in the interpreter looked up in memory, the same sums)."""
-    packed, state = quantize(n, k)
-    x = randn(*lead, k, dtype=dtype)
-    for cfg in (K.Config(16, 256, 4, table="shared"), K.Config(32, 128, 8, split_k=2, prefetch=True, table="shared")):
-        y = K.nf4_matmul(x, (packed, state), config=cfg)
-        assert y.shape == (*lead, n) and y.dtype == dtype
-        assert rel_err(y, reference(x, packed, state)) < TOL[dtype]
-    fused = K.nf4_matmul(x, (packed, state), gate=x, config=K.Config(16, 256, 4, table="shared"))
-    assert rel_err(fused, reference(torch.nn.functional.silu(x) * x, packed, state)) < TOL[dtype]
-
-
-def test_pair_table_refuses_what_it_cannot_take():
-    with pytest.raises(ValueError, match="Config.table must be one of"):
-        K.Config(16, 64, 4, table="global")
-    packed, state = quantize(37, 64)
-    for x in (randn(2, 64), randn(1, 64, dtype=torch.float16)):
-        with pytest.raises(ValueError, match="table = 'shared' is for one row of bf16 or fp32 x"):
-            K.nf4_matmul(x, (packed, state), config=K.Config(16, 64, 4, table="shared"))
-
-
-def test_pair_table_cuts_the_integer_instructions_of_the_compiled_loop():
-    """scripts/nf4_gemv_instructions.py compiles the one-row kernel for sm_90 without a GPU. With the table in
-    registers the integer pipe (which limits that kernel) does 3-5 instructions a weight; the pair table in shared
-    memory must at least halve that and lower the total."""
-    out = subprocess.run([sys.executable, "scripts/nf4_gemv_instructions.py", "--tiles", "16x2048x4"],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "TRITON_DEFAULT_FP_FUSION": "1"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    rows = re.findall(r"table in (\w+) *: ([\d.]+) instructions, ([\d.]+) integer", out.stdout)
-    found = {table: (float(total), float(integer)) for table, total, integer in rows}
-    assert set(found) == set(K.TABLES), out.stdout
-    (total_r, integer_r), (total_s, integer_s) = found["registers"], found["shared"]
-    assert 3 <= integer_r <= 5, out.stdout  # the byte-plane lookup: 19 integer instructions a word, plus the loop's
-    assert integer_s <= integer_r / 2 and total_s < total_r, out.stdout
 
 
 # ------------------------------------------------------------------------ what the kernel reads
@@ -581,19 +471,3 @@ def test_on_a_gpu_as_close_as_bitsandbytes_own_matmul(m, dtype):
     theirs = rel_err(x @ BF.dequantize_4bit(packed, state).to(dtype).T, reference_y)
     assert ours < TOL[dtype], f"{m} rows: {ours:.3e}"
     assert dtype != torch.bfloat16 or ours <= 1.15 * theirs, f"{m} rows: {ours:.3e} against bitsandbytes' {theirs:.3e}"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [K.Config(16, 2048, 4, prefetch=True, table="shared"),
-                                 K.Config(32, 1024, 8, split_k=2, table="shared")])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_on_a_gpu_the_pair_table_is_as_close_as_bitsandbytes(cfg, dtype):
-    """The shared-memory pair table's PTX at a Llama shape (the interpreter looks the codes up in memory instead):
-    correct, and for bf16 x within 1.15x the error of bitsandbytes' own dequantise + matmul."""
-    packed, state = quantize(4096, 4096)
-    x = randn(1, 4096, dtype=dtype)
-    reference_y = reference(x, packed, state)
-    ours = rel_err(K.nf4_matmul(x, (packed, state), config=cfg), reference_y)
-    theirs = rel_err(x @ BF.dequantize_4bit(packed, state).to(dtype).T, reference_y)
-    assert ours < TOL[dtype], f"{ours:.3e}"
-    assert dtype != torch.bfloat16 or ours <= 1.15 * theirs, f"{ours:.3e} against bitsandbytes' {theirs:.3e}"

@@ -40,13 +40,6 @@ eight weights of a word (the 16-entry table rides along in eight registers as by
   table to within half a bf16 step, the precision of the bf16 result). x is widened to fp32 where it
   is loaded, once per value, not once per use. The compiled loop (sm_90): 5.6-6.1 instructions per
   weight, against 6.5-7.7 with an fp16 table and x widened per use.
-* M = 1 with ``Config(table="shared")``: the table moves out of registers into shared memory, indexed by a
-  whole byte (``_pairs_ptx``): 256 entries of two exact fp32 values, one 64-bit load per byte. The lookup then
-  costs a ``prmt``, an address and a load per two weights instead of about 2.4 integer instructions per weight,
-  the eight byte-plane registers are freed, and the weights are the exact nf4 values (no rounding to bf16).
-  ``scripts/nf4_gemv_instructions.py`` counts both loops' instructions a weight from their SASS (no GPU needed);
-  ``config_for`` keeps the table in registers, the launch its table was measured with, and
-  ``scripts/nf4_gemv_tune.py`` times both places.
 * 1 < M <= ``MAX_M``, and one fp16 row: the weights times their scale, in x's dtype (``_dequant_ptx``),
   the table held in fp16 (within 2^-12 of each nf4 value). bf16 x: each weight times its fp32 scale in
   fp32, rounded once to bf16, as ``dequantize_4bit`` rounds it (a weight differs from bitsandbytes' only
@@ -87,7 +80,6 @@ from .rounding import round_to_bf16, silu_mul
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_M = 64  # rows of x one launch handles (the tensor-core path pads M to 16, 32 or 64)
 MAX_SPLIT = 4  # K is split at most 4 ways
-TABLES = ("registers", "shared")  # where the one-row path keeps the nf4 table (Config.table)
 INTERPRETER_BLOCK_N = 128  # config_for's widest tile in Triton's interpreter (the GPU's table: 16 or 64)
 DOT_FP32 = _device.INTERPRET  # the interpreter's tl.dot mishandles bf16 operands: give it their fp32 values
 
@@ -166,46 +158,9 @@ def _dot_ptx() -> str:
             + _lookup_ptx("$1", [f"${i}" for i in range(10, 18)], multiply_add) + "\n mov.f32 $0, acc;\n}")
 
 
-PAIR_COPIES = 16  # copies of the pair table, one per lane of a half-warp (see _pairs_ptx)
-PAIR_ROW = 8 * PAIR_COPIES  # bytes from one entry of the pair table to the next
-
-
-def _pairs_ptx() -> dict[str, str]:
-    """PTX for the one-row path with the table in shared memory (``Config.table = "shared"``): a 256-entry
-    table indexed by a whole byte of codes, entry ``b`` the exact fp32 values of its two codes (high nibble
-    first, as stored), so one 64-bit load fetches two weights. Each entry is stored ``PAIR_COPIES`` times side by
-    side (``PAIR_ROW`` bytes a row) and lane ``l`` reads copy ``l % 16``: a 64-bit load is served a half-warp at
-    a time, and 16 lanes reading 16 different copies touch 32 different banks whatever bytes they look up.
-
-    * ``declare``: the table (``nf4_pairs``, static shared memory, 32 KB) and its address (``$0``);
-    * ``fill``: entry ``$2``'s values (``$3``, ``$4``) stored in all copies, the table at ``$1``;
-    * ``ready``: a barrier (every thread's stores done), then this lane's copy: ``$0 = $1 + 8 (lane % 16)``;
-    * ``dot``: ``$0`` = the fp32 sum of the eight products of word ``$1`` with its x values ``$3`` ... ``$10``
-      (storage order), ``$2`` the lane's copy. Per byte: a ``prmt`` takes it out, a multiply-add makes its
-      entry's address, one 64-bit load, two fp32 multiply-adds."""
-    stores = "".join(f"\n st.shared.v4.f32 [a+{16 * i}], {{$3, $4, $3, $4}};" for i in range(PAIR_ROW // 16))
-    dot = "".join(f"""
- prmt.b32 t, $1, 0, 0x444{j};
- mad.lo.u32 a, t, {PAIR_ROW}, $2;
- ld.shared.v2.f32 {{w0, w1}}, [a];
- fma.rn.f32 acc, w0, ${3 + 2 * j}, acc;
- fma.rn.f32 acc, w1, ${4 + 2 * j}, acc;""" for j in range(4))
-    return {
-        "declare": f".shared .align 16 .b8 nf4_pairs[{256 * PAIR_ROW}];\n mov.u32 $0, nf4_pairs;",
-        "fill": "{\n .reg .b32 a;\n mad.lo.u32 a, $2, " + str(PAIR_ROW) + ", $1;" + stores + "\n mov.u32 $0, 0;\n}",
-        "ready": ("{\n .reg .b32 l;\n bar.sync 0;\n mov.u32 l, %laneid;\n and.b32 l, l, " + str(PAIR_COPIES - 1)
-                  + ";\n mad.lo.u32 $0, l, 8, $1;\n}"),
-        "dot": "{\n .reg .b32 t, a;\n .reg .f32 w0, w1, acc;\n mov.f32 acc, 0f00000000;" + dot
-               + "\n mov.f32 $0, acc;\n}",
-    }
-
-
 _PTX_BF16 = tl.constexpr(_dequant_ptx(torch.bfloat16))
 _PTX_FP16 = tl.constexpr(_dequant_ptx(torch.float16))
 _DOT = tl.constexpr(_dot_ptx())
-_PAIR_PTX = _pairs_ptx()
-_PAIRS_DECLARE, _PAIRS_FILL = tl.constexpr(_PAIR_PTX["declare"]), tl.constexpr(_PAIR_PTX["fill"])
-_PAIRS_READY, _PAIRS_DOT = tl.constexpr(_PAIR_PTX["ready"]), tl.constexpr(_PAIR_PTX["dot"])
 
 
 @triton.jit
@@ -290,32 +245,10 @@ def _dot_words(word, x, planes):
 
 
 @triton.jit
-def _pair_table(CODE, anchor):
-    """Fill the shared pair table (``_pairs_ptx``) from the 16 fp32 values at ``CODE``, wait for every thread,
-    and return this lane's copy (an address in shared memory). ``anchor``: any scalar (the asm needs an
-    operand)."""
-    table = tl.inline_asm_elementwise(_PAIRS_DECLARE, "=r,r", [anchor], dtype=tl.int32, is_pure=False, pack=1)
-    e = tl.arange(0, 256)
-    tl.inline_asm_elementwise(_PAIRS_FILL, "=r,r,r,f,f", [table, e, tl.load(CODE + (e >> 4)), tl.load(CODE + (e & 15))],
-                              dtype=tl.int32, is_pure=False, pack=1)
-    return tl.inline_asm_elementwise(_PAIRS_READY, "=r,r", [table], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _dot_words_shared(word, x, copy):
-    """``_dot_words`` with the exact table from shared memory: ``copy`` from ``_pair_table``."""
-    x0, x1, x2, x3, x4, x5, x6, x7 = x
-    return tl.inline_asm_elementwise(_PAIRS_DOT, "=f,r,r" + ",f" * 8, [word, copy, x0, x1, x2, x3, x4, x5, x6, x7],
-                                     dtype=tl.float32, is_pure=True, pack=1)
-
-
-@triton.jit
 def _widen(v):
     """16-bit floats to fp32 through PTX, so the conversion stays where it is written: the compiler moves
     a cast to after a change of layout (where it would run once per use instead of once per value)."""
-    if v.dtype == tl.float32:
-        out = v
-    elif v.dtype == tl.bfloat16:  # the 16 bits moved up (cvt.f32.bf16 needs sm_90)
+    if v.dtype == tl.bfloat16:  # the 16 bits moved up (cvt.f32.bf16 needs sm_90)
         out = tl.inline_asm_elementwise("{ .reg .b16 z; mov.b16 z, 0; mov.b32 $0, {z, $1}; }", "=f,h", [v],
                                         dtype=tl.float32, is_pure=True, pack=1)
     else:
@@ -356,10 +289,9 @@ def _nf4_matmul_kernel(X, GATE, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, O
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        NESTED: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, WEIGHTS: tl.constexpr,
                        ASM: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
-                       PREFETCH: tl.constexpr, SWIGLU: tl.constexpr, SHARED: tl.constexpr):
+                       PREFETCH: tl.constexpr, SWIGLU: tl.constexpr):
     """OUT[m, n] = sum_k X[m, k] * W[n, k] over this program's K slice (see the module docstring).
     SWIGLU: x is ``silu(GATE) * X`` (``silu_mul``), computed as it is loaded.
-    SHARED (one row only): the exact fp32 table, on the GPU a pair table in shared memory (``_pairs_ptx``).
     WEIGHTS (1 to 3) weights of N_0, N_1 and N - N_0 - N_1 rows, one launch: the first programs along
     axis 0 take W, the next W_1, then W_2; weight i's result is an (M, N_i) block of OUT after the
     blocks of the weights before it."""
@@ -393,9 +325,7 @@ def _nf4_matmul_kernel(X, GATE, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, O
     g_rows = GATE + rm.to(tl.int64)[:, None] * stride_xm  # the gate has x's strides
     if NESTED:
         offset = tl.load(OFFSET)
-    if ASM and SHARED:  # the pair table in shared memory: this lane's copy
-        copy = _pair_table(CODE, pid_n)
-    if ASM and not SHARED:  # the table as byte planes for the PTX
+    if ASM:  # the table as byte planes for the PTX
         planes = (_plane(CODE, 0, 0, PLANES), _plane(CODE, 4, 0, PLANES), _plane(CODE, 8, 0, PLANES),
                   _plane(CODE, 12, 0, PLANES), _plane(CODE, 0, 1, PLANES), _plane(CODE, 4, 1, PLANES),
                   _plane(CODE, 8, 1, PLANES), _plane(CODE, 12, 1, PLANES))
@@ -434,11 +364,11 @@ def _nf4_matmul_kernel(X, GATE, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIAS, O
                 xv = silu_mul(tl.load(GATE + c * BLOCK_K + x_cols, mask=x_ok, other=0.0), xv)
             if ASM:  # x to fp32 in the layout it was loaded in (a plain cast would be moved after the broadcast)
                 x0, x1, x2, x3, x4, x5, x6, x7 = _split8(_widen(xv))
-                xs = (x0[None], x1[None], x2[None], x3[None], x4[None], x5[None], x6[None], x7[None])
-                per_word = _dot_words_shared(word, xs, copy) if SHARED else _dot_words(word, xs, planes)
-            else:  # a lookup per weight; for 16-bit x the table the PTX makes (SHARED: the exact table)
+                per_word = _dot_words(word, (x0[None], x1[None], x2[None], x3[None], x4[None], x5[None], x6[None],
+                                             x7[None]), planes)
+            else:  # a lookup per weight; for 16-bit x the table the PTX makes
                 value = tl.load(CODE + _codes(word))
-                if DTYPE != tl.float32 and not SHARED:
+                if DTYPE != tl.float32:
                     value = _row_value(value)
                 per_word = tl.sum(tl.sum(tl.sum(value * xv.to(tl.float32)[None], axis=4), axis=3), axis=2)
             acc_row += tl.sum(tl.reshape(per_word, [BLOCK_N, G, WPB]), axis=2) * scale
@@ -483,10 +413,8 @@ class Config:
     """How a launch is cut: ``block_n`` outputs per program, ``block_k`` elements of K per loop step
     (a multiple of the weight's blocksize), ``num_warps``, ``split_k`` slices of K run by separate
     programs (then summed by a second kernel), ``num_stages``: 1 loads each chunk when it is needed;
-    more prefetch the next chunks' words and x through shared memory (asynchronous copies),
-    ``prefetch``: load each chunk's words and scales into registers one loop step ahead of their use, and
-    ``table``, where the one-row path finds the 16 nf4 values: ``"registers"`` (byte planes, ``_dot_ptx``) or
-    ``"shared"`` (a pair table in shared memory, ``_pairs_ptx``; one row of bf16 or fp32 x only)."""
+    more prefetch the next chunks' words and x through shared memory (asynchronous copies), and
+    ``prefetch``: load each chunk's words and scales into registers one loop step ahead of their use."""
 
     block_n: int
     block_k: int
@@ -494,7 +422,6 @@ class Config:
     split_k: int = 1
     num_stages: int = 1
     prefetch: bool = False
-    table: str = "registers"
 
     def __post_init__(self):
         check_powers_of_two(self, "block_n", "block_k", "num_warps")
@@ -503,8 +430,6 @@ class Config:
         if self.split_k < 1 or self.num_stages < 1:
             raise ValueError(f"Config.split_k and Config.num_stages must be >= 1, got {self.split_k}, "
                              f"{self.num_stages}")
-        if self.table not in TABLES:
-            raise ValueError(f"Config.table must be one of {TABLES}, got {self.table!r}")
 
 
 # rows of the padded M -> (block_n, block_k, num_warps, prefetch, min_programs), from
@@ -709,18 +634,13 @@ def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | No
     if m == 0:
         return outs
     x2 = x.reshape(m, ops.k)
-    cfg = config or config_for(m, n, ops.k, ops.blocksize, x.dtype)
-    block_m = _block_m(m, x.dtype)
-    shared = cfg.table == "shared"
-    if shared and block_m > 1:
-        raise ValueError(f"Config.table = 'shared' is for one row of bf16 or fp32 x (the CUDA-core path), got {m} "
-                         f"row(s) of {x.dtype}")
-    # the PTX needs sm_80 (packed bf16 arithmetic); fp32 x takes the exact table: in shared memory, or looked up
-    asm = (asm and not _device.INTERPRET and (shared or x.dtype != torch.float32)
-           and _compute_capability(x.device) >= (8, 0))
+    # the PTX needs sm_80 (packed bf16 arithmetic); fp32 x takes the exact table, looked up per weight
+    asm = asm and not _device.INTERPRET and x.dtype != torch.float32 and _compute_capability(x.device) >= (8, 0)
     if x2.stride(1) != 1 or gate is not None:  # with a gate both are read as contiguous rows
         x2 = x2.contiguous()
     gate2 = x2 if gate is None else gate.reshape(m, ops.k).contiguous()
+    cfg = config or config_for(m, n, ops.k, ops.blocksize, x.dtype)
+    block_m = _block_m(m, x.dtype)
     if block_m > 1 and cfg.block_n < 16:
         raise ValueError(f"Config.block_n must be >= 16 for {m} row(s) of {x.dtype} x (the tensor-core path; "
                          f"tl.dot's smallest tile), got {cfg.block_n}")
@@ -746,7 +666,7 @@ def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | No
         QB=ops.blocksize, NESTED_QB=ops.nested_blocksize, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, NESTED=nested, HAS_BIAS=bias is not None, PARTIAL=split > 1, WEIGHTS=len(weights),
         ASM=asm, DOT_FP32=DOT_FP32, STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, SWIGLU=gate is not None,
-        SHARED=shared, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32 x: full-precision products
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32 x: full-precision products
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
