@@ -24,7 +24,7 @@ class Timing:
     ms_p20: float
     ms_p80: float
     reps: int
-    timer: str  # "cuda-events", "cuda-graph", "perf_counter" or "host"
+    timer: str  # "cuda-events", "cuda-graph", "perf_counter", "host", "host, GPU busy" or "host, GPU caught up"
 
     def gbps(self, nbytes: float) -> float:
         """Bandwidth in GB/s (1e9 bytes/s) if the call moves ``nbytes``."""
@@ -154,27 +154,41 @@ def time_in_graph(calls: Sequence[Callable[[], object]], reps: int = 20) -> Timi
     return _summary(times, "cuda-graph")
 
 
-def host_time(fn: Callable[[], object], calls: int = 100, rounds: int = 5) -> Timing:
+BUSY_CYCLES = 200_000_000  # host_time(busy_gpu=True)'s spin: about 0.1 s at an H100's or H200's clock
+
+
+def host_time(fn: Callable[[], object], calls: int = 100, rounds: int = 5, busy_gpu: bool = False) -> Timing:
     """The host's time to issue one ``fn()``: ``calls`` back-to-back calls on the wall clock, the device never
     waited for inside a round (synchronised only before it starts), ms per call, median of ``rounds``. What a
     call costs the CPU (Python, argument checks, allocations, launches), apart from how long its kernels run;
     while it is above the device's time, the call is paced by the host. A call that waits for the device
     (``.item()``, a copy to the host) or more queued kernels than the driver's queue holds (about a thousand)
-    measure the device too. On the CPU the call's whole time."""
+    measure the device too. On the CPU the call's whole time.
+    ``busy_gpu`` (GPU only): each round first queues a kernel that spins ``BUSY_CYCLES`` clocks, so every launch
+    joins a queue instead of finding the GPU idle; the timer then reads "host, GPU busy", or "host, GPU caught
+    up" if the spin ended before a round did. Beside the plain timing: less here, a launch onto an idle GPU costs
+    the host more; more, something in the call waits for the GPU."""
     if calls < 1 or rounds < 1:
         raise ValueError(f"calls and rounds must be >= 1, got {calls} and {rounds}")
+    if busy_gpu and not HAS_CUDA:
+        raise ValueError("busy_gpu=True needs a CUDA GPU to keep busy")
     fn()  # warm-up: compilation, the allocator's blocks, the dispatcher's caches
-    times = []
+    times, caught_up = [], False
     for _ in range(rounds):
         if HAS_CUDA:
             torch.cuda.synchronize()
+        if busy_gpu:
+            torch.cuda._sleep(BUSY_CYCLES)
+            spun = torch.cuda.Event()
+            spun.record()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         times.append(1e3 * (time.perf_counter() - t0) / calls)
+        caught_up = caught_up or (busy_gpu and spun.query())
     if HAS_CUDA:
         torch.cuda.synchronize()
-    return _summary(times, "host")
+    return _summary(times, ("host, GPU caught up" if caught_up else "host, GPU busy") if busy_gpu else "host")
 
 
 def launch_overhead(kernels: int = 1000, rounds: int = 5) -> dict:

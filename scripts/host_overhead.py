@@ -23,8 +23,6 @@ import argparse
 import cProfile
 import io
 import pstats
-import statistics
-import time
 
 import torch
 
@@ -172,27 +170,6 @@ def api_calls(fn, calls: int) -> dict[str, list[float]]:
             if e.key.startswith("cu") and e.key != "cudaDeviceSynchronize"}
 
 
-def host_time_behind_busy_gpu(fn, calls: int, rounds: int = 5) -> tuple[float, bool]:
-    """The host's time per ``fn()`` (ms, median of ``rounds``) with the GPU kept busy the whole time: each round
-    first queues a kernel that spins for about 0.1 s, so every launch of the round joins a queue instead of finding
-    the GPU idle. Returns the time and whether the spin outlasted every round (else the GPU caught up). Set beside
-    ``bench.host_time``: if the call costs the host less here, launching onto an idle GPU costs it more; if more,
-    something in the call waits for the GPU."""
-    times, busy = [], True
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(200_000_000)  # clock cycles: about 0.1 s at the H200's 1.5-2 GHz
-        spun = torch.cuda.Event()
-        spun.record()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append(1e3 * (time.perf_counter() - start) / calls)
-        busy = busy and not spun.query()
-    torch.cuda.synchronize()
-    return statistics.median(times), busy
-
-
 def shape_sweep(calls: int) -> list[dict]:
     """The course's norms, forward+backward through autograd, at the side-by-side run's shapes, in both orders."""
     cases = peers.rms_norm_cases() + peers.layer_norm_cases()
@@ -205,17 +182,17 @@ def shape_sweep(calls: int) -> list[dict]:
             host = bench.host_time(fn, calls=max(1, calls // 4))
             python = bench.time_fn(fn, flush_l2=False, **pick(full={}, smoke={"warmup_ms": 0, "rep_ms": 1}))
             device = bench.time_in_graph([fn] * pick(full=5, smoke=1), reps=pick(full=20, smoke=1))
-            busy_ms, busy = host_time_behind_busy_gpu(fn, max(1, calls // 4)) if HAS_CUDA else (None, None)
+            busy = bench.host_time(fn, calls=max(1, calls // 4), busy_gpu=True) if HAS_CUDA else None
             api = api_calls(fn, pick(full=20, smoke=1))
             launches = sum(v[0] for k, v in api.items() if "Launch" in k)
             others = ", ".join(f"{k} x{v[0]:.2f} ({v[1]:.1f} us)" for k, v in api.items() if "Launch" not in k)
             records.append({"what": f"{case.kernel}: autograd forward+backward, side-by-side shape", "order": order,
                             "shape": case.shape, "dtype": case.dtype, "host_ms": host.ms, "host_ms_p20": host.ms_p20,
-                            "host_ms_p80": host.ms_p80, "host_ms_gpu_busy": busy_ms, "gpu_busy_throughout": busy,
+                            "host_ms_p80": host.ms_p80, "host_ms_gpu_busy": busy.ms if busy else None,
+                            "gpu_busy_throughout": busy.timer == "host, GPU busy" if busy else None,
                             "python_ms": python.ms, "device_ms": device.ms,
                             "launches_per_call": launches, "other_cuda_calls_per_call": others or "none"})
-            behind = "" if busy_ms is None else (f" ({1e3 * busy_ms:.1f} us behind a busy GPU"
-                                                 + ("" if busy else ", which caught up") + ")")
+            behind = "" if busy is None else f" ({1e3 * busy.ms:.1f} us timed as {busy.timer})"
             print(f"  {case.kernel:10s} {case.shape:26s} {case.dtype}: host {1e3 * host.ms:7.1f} us{behind}, "
                   f"called from Python {1e3 * python.ms:7.1f} us, device {1e3 * device.ms:7.1f} us; per call "
                   f"{launches:.1f} launches, other CUDA calls: {others or 'none'}")

@@ -131,3 +131,6 @@ def test_host_time_is_the_issuing_time_per_call():
     assert 1.0 <= t.ms_p20 <= t.ms <= t.ms_p80
     with pytest.raises(ValueError, match="calls and rounds"):
         bench.host_time(fn, calls=0)
+    if not bench.HAS_CUDA:
+        with pytest.raises(ValueError, match="busy_gpu=True needs a CUDA GPU"):
+            bench.host_time(fn, busy_gpu=True)
