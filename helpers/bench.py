@@ -13,7 +13,7 @@ import torch
 
 from .device import HAS_CUDA, pick
 
-_FLUSH_BYTES = 256 * 2**20  # larger than any L2 in helpers.specs
+_FLUSH_BYTES = 256 * 2**20  # larger than any L2 in helpers.datasheets
 
 
 @dataclass(frozen=True)

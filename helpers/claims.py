@@ -13,7 +13,8 @@ from typing import Callable, NamedTuple
 
 import pandas as pd
 
-from . import attention_bench, chain, results, specs
+from .studies import attention_designs, eager_chain
+from . import results, datasheets
 from .device import SCALE
 from .finetune import analysis, retime, step_model
 
@@ -51,8 +52,8 @@ def _missing(rule: str, *topics: str) -> Verdict:
     return Verdict(UNDECIDED, rule, {}, f"no results file {', '.join(f'{t}.json' for t in topics)}")
 
 
-def _card(res: results.Result) -> specs.GpuSpec | None:
-    return specs.lookup(res.provenance.get("gpu", ""))
+def _card(res: results.Result) -> datasheets.GpuSpec | None:
+    return datasheets.lookup(res.provenance.get("gpu", ""))
 
 
 def _span(values: list[float]) -> str:
@@ -78,7 +79,7 @@ def chain_memory_bound(load: Loader, gpu: str) -> Verdict:
         return Verdict(UNDECIDED, rule, {}, "no forward kernel timed")
     copy = ops[0]["copy_gbps"]
     ridge = spec.fp32_tflops * 1e3 / copy
-    flops = chain.eager_forward_flops(ops[0]["M"], ops[0]["N"])
+    flops = eager_chain.eager_forward_flops(ops[0]["M"], ops[0]["N"])
     intensity = {o["op"]: flops[o["op"]] / o["bytes"] for o in ops}
     slowest = min(ops, key=lambda o: o["gbps"])
     evidence = {"fp32 ridge (FLOP/byte)": round(ridge, 1),
@@ -225,9 +226,9 @@ def _by_length(rows: list[dict]) -> dict[str, str]:
 
 
 def flash_backward(load: Loader, gpu: str) -> Verdict:
-    flops = {d: attention_bench.design_matmul_flops(d, 1, 1, 1, 1, 1) for d in attention_bench.BACKWARD_PRODUCTS}
+    flops = {d: attention_designs.design_matmul_flops(d, 1, 1, 1, 1, 1) for d in attention_designs.BACKWARD_PRODUCTS}
     more = {d: f / flops["standard"] for d, f in flops.items() if d != "standard"}
-    rule = ("'more FLOPs': the backward's matrix products counted per design (helpers.attention_bench): "
+    rule = ("'more FLOPs': the backward's matrix products counted per design (helpers.studies.attention_designs): "
             + ", ".join(f"{d} {x:.2f}x" for d, x in more.items()) + " standard attention's FLOPs; the seed's "
             "'more' is FlashAttention-2's recomputation, and the times are this course's kernels', which recompute "
             "more. 'Runs faster': at every non-causal shape where standard attention (PyTorch, P kept) and the "
@@ -268,11 +269,11 @@ def flash_backward(load: Loader, gpu: str) -> Verdict:
 
 
 def memory_wall(load: Loader, gpu: str) -> Verdict:
-    rule = ("datasheets (helpers/specs.py), V100 SXM2 -> H100 SXM and -> H200: 16-bit tensor FLOP/s and plain "
+    rule = ("datasheets (helpers/datasheets.py), V100 SXM2 -> H100 SXM and -> H200: 16-bit tensor FLOP/s and plain "
             "fp32 FLOP/s each grew more than HBM bandwidth: both: confirmed; tensor-core only: partly; "
             "neither: refuted")
-    v100 = specs.by_name("V100 SXM2")
-    later = [specs.by_name("H100 SXM"), specs.by_name("H200")]
+    v100 = datasheets.by_name("V100 SXM2")
+    later = [datasheets.by_name("H100 SXM"), datasheets.by_name("H200")]
     grow = {s.name: {"tensor": s.tensor_tflops / v100.tensor_tflops, "fp32": s.fp32_tflops / v100.fp32_tflops,
                      "bandwidth": s.bandwidth_gbps / v100.bandwidth_gbps} for s in later}
     tensor = all(g["tensor"] > g["bandwidth"] for g in grow.values())
@@ -324,7 +325,7 @@ def a100_small_batches(load: Loader, gpu: str) -> Verdict:
     here = _card(parts)
     if here is None:
         return Verdict(UNDECIDED, rule, {}, f"no datasheet row for {parts.provenance.get('gpu')}")
-    a100, ada = specs.by_name("A100 40GB SXM"), specs.by_name("RTX 6000 Ada")
+    a100, ada = datasheets.by_name("A100 40GB SXM"), datasheets.by_name("RTX 6000 Ada")
     model = step_model.StepModel.from_records(parts.records, here)
     rows = step_model.validate(model, main)
     small = [r for r in step_model.rank(model, rows, a100, ada)
@@ -407,7 +408,7 @@ def ada_generates_faster(load: Loader, gpu: str) -> Verdict:
     here = _card(parts)
     if here is None:
         return Verdict(UNDECIDED, rule, {}, f"no datasheet row for {parts.provenance.get('gpu')}")
-    a100, ada = specs.by_name("A100 40GB SXM"), specs.by_name("RTX 6000 Ada")
+    a100, ada = datasheets.by_name("A100 40GB SXM"), datasheets.by_name("RTX 6000 Ada")
     lead = step_model.decode_lead(decode, here, a100, ada, list(OUTPUT_LENGTHS))
     evidence = {f"Ada tokens/s over the A100's, device x {s}": ", ".join(f"{n}: {x:.2f}" for n, x in
                                                                         zip(OUTPUT_LENGTHS, v))
@@ -445,7 +446,7 @@ def two_gpus_70b(load: Loader, gpu: str) -> Verdict:
         return Verdict(UNDECIDED, rule, {}, "no 70B run sharded over 2 GPUs capped at 40 GiB")
     ok = [r for r in big if r["status"] == "ok"]
     ar = [r["busbw_gbps"] for r in res.records if r.get("kind") == "allreduce"]
-    pcie = max(specs.PCIE_X16_GBPS.values())
+    pcie = max(datasheets.PCIE_X16_GBPS.values())
     evidence = {"largest batch per GPU that trains": max((r["batch_size"] for r in ok), default=None),
                 "tokens/s there": round(max(ok, key=lambda r: r["batch_size"])["tokens_per_s"]) if ok else None,
                 "all-reduce bus bandwidth (GB/s)": round(max(ar)) if ar else None,

@@ -12,9 +12,10 @@ import argparse
 
 import torch
 
-from helpers import bench, decode_bench, require_cuda, results  # first: sets Triton up
+from helpers import bench, require_cuda, results  # first: sets Triton up
+from helpers.studies import decoding_ladder
 from helpers.finetune.generate import decode_bytes_per_token  # noqa: E402
-from helpers.finetune.models import build_model, spec_for  # noqa: E402
+from helpers.llama.models import build_model, spec_for  # noqa: E402
 
 
 def main() -> None:
@@ -27,23 +28,23 @@ def main() -> None:
     copy = bench.copy_bandwidth()["gbps"]
     print(f"copy bandwidth {copy:,.0f} GB/s")
     for rows in (1, 16):
-        for r in decode_bench.gemv_bandwidth(decode_bench.LLAMA_7B_SHAPES, rows=rows):
+        for r in decoding_ladder.gemv_bandwidth(decoding_ladder.LLAMA_7B_SHAPES, rows=rows):
             print(f"{rows:3d} row(s)  {r['shape']:34s} {r['impl']:20s} {r['ms'] * 1e3:7.1f} us "
                   f"{r['gbps']:7,.0f} GB/s {100 * r['gbps'] / copy:4.0f}% of copy", flush=True)
     ladder = []
     for name in args.models:
         model, _ = build_model(name, torch.device("cuda"), vocab_size=32000, attn="sdpa")
         model.eval()
-        context = decode_bench.PROMPT_LEN + decode_bench.NEW_TOKENS // 2  # the cache mid-way, as notebook 07
+        context = decoding_ladder.PROMPT_LEN + decoding_ladder.NEW_TOKENS // 2  # the cache mid-way, as notebook 07
         step_bytes = decode_bytes_per_token(spec_for(name, 32000), context, lm_head_bytes=2)
-        ladder += decode_bench.ladder(model, name, step_bytes, copy, repeats=args.repeats, progress=False)
+        ladder += decoding_ladder.ladder(model, name, step_bytes, copy, repeats=args.repeats, progress=False)
         del model
         torch.cuda.empty_cache()
     for r in ladder:
         print(f"{r['model']:4s} {r['variant']:28s} {r['tokens_per_s']:8.1f} tokens/s "
               f"({100 * r['tokens_per_s'] / r['roofline_tokens_per_s']:4.1f}% of roofline)  logits error "
               f"{r['logits_max_rel_error'] or 0:.4f} (transformers' own: {r['transformers_decode_error']:.4f}) "
-              f"ok={decode_bench.logits_ok(r)}")
+              f"ok={decoding_ladder.logits_ok(r)}")
     print(f"saved to {results.save(args.topic, ladder)}")
 
 

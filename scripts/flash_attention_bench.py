@@ -9,7 +9,7 @@ import argparse
 
 import torch
 
-from helpers.attention_bench import IMPLS, measure
+from helpers.studies.attention_designs import IMPLS, measure
 from helpers.kernels import flash_attention as fa
 
 

@@ -24,7 +24,7 @@ import torch
 from helpers import ncu
 
 SHAPE = (4, 32, 4096, 128)  # B, H, S, D: the side-by-side run's attention shape
-IMPLS = {"course": "triton", "cudnn": "sdpa_cudnn"}  # record name -> helpers.attention_bench implementation
+IMPLS = {"course": "triton", "cudnn": "sdpa_cudnn"}  # record name -> helpers.studies.attention_designs implementation
 CASES = [(impl, causal) for impl in IMPLS for causal in (False, True)]
 PASSES = ("fwd", "bwd")
 MARKER = "spin_kernel"  # torch.cuda._sleep's kernel
@@ -43,7 +43,7 @@ STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.
 
 def launch() -> None:
     """What ncu profiles: for each case, a marker and the forward, a marker and the backward."""
-    from helpers.attention_bench import implementation, make_inputs
+    from helpers.studies.attention_designs import implementation, make_inputs
     q, k, v, do = make_inputs(*SHAPE, torch.bfloat16)
 
     def forward(impl: str, causal: bool) -> torch.Tensor:

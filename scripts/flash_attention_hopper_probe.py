@@ -1,6 +1,6 @@
-"""FlashAttention's forward with Hopper's tile loads (``helpers.kernels.flash_attention_hopper``) beside the course's
-forward and cuDNN's, in one run on this GPU: does Triton's warp specialisation reach this kernel, and how fast is
-each launch config?
+"""FlashAttention's forward with Hopper's tile loads (``helpers.kernels.candidates.flash_attention_hopper``)
+beside the course's forward and cuDNN's, in one run on this GPU: does Triton's warp specialisation reach this
+kernel, and how fast is each launch config?
 
     python scripts/flash_attention_hopper_probe.py [--child-timeout-s 120]
 
@@ -30,10 +30,10 @@ from typing import Callable
 import torch
 
 from helpers import bench, require_cuda, results  # first: sets Triton up
-from helpers.attention_bench import implementation, make_inputs
+from helpers.studies.attention_designs import implementation, make_inputs
 from helpers.kernels.flash_attention import LOG2E
-from helpers.kernels.flash_attention_hopper import (HopperConfig, _hopper_fwd_kernel, flash_attention_forward_hopper,
-                                                    launch_constants)
+from helpers.kernels.candidates.flash_attention_hopper import (HopperConfig, _hopper_fwd_kernel,
+                                                               flash_attention_forward_hopper, launch_constants)
 from triton.runtime.errors import TritonError  # noqa: E402
 
 SHAPE = (4, 32, 4096, 128)  # B, H, S, D: the side-by-side run's and appendix 05a's

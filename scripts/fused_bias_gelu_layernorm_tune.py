@@ -23,7 +23,8 @@ import json
 import torch
 import triton
 
-from helpers import bench, chain, require_cuda  # first: on a machine without a GPU it sets the Triton interpreter up
+from helpers import bench, require_cuda  # first: on a machine without a GPU it sets the Triton interpreter up
+from helpers.studies import eager_chain
 from helpers.kernels import fused_bias_gelu_layernorm as K  # noqa: E402
 
 ELEMS = 1 << 26
@@ -65,8 +66,8 @@ def main() -> None:
         dy = torch.randn_like(x)
         y_ref, mean, rstd = K.forward(x, b, w, lb, gelu=args.gelu)
         dx_ref = K.backward(dy, x, b, w, mean, rstd, gelu=args.gelu)[0]
-        moved = {"fwd": chain.fused_forward_bytes(m, n, x.element_size()),
-                 "bwd": chain.fused_backward_bytes(m, n, x.element_size())}
+        moved = {"fwd": eager_chain.fused_forward_bytes(m, n, x.element_size()),
+                 "bwd": eager_chain.fused_backward_bytes(m, n, x.element_size())}
         table = {"fwd": K.forward_config(n, dtype), "bwd": K.backward_config(n, dtype)}
         for pas in args.passes:
             timed = []

@@ -7,8 +7,8 @@ the host's time per call (``bench.host_time``) of each layer of the call, from o
 Triton launches up to ``torch.autograd.grad`` through the autograd Function, beside the device's time (one CUDA
 graph); then Python's profiler over the forward+backward calls, the functions that take the most time.
 
-Then, at every shape of the side-by-side run (``helpers.peers``), the course's forward+backward through autograd
-as that run calls it: its host time, its Python-called time (CUDA events around back-to-back calls, no cache
+Then, at every shape of the side-by-side run (``helpers.studies.peer_kernels``), the course's forward+backward through
+autograd as that run calls it: its host time, its Python-called time (CUDA events around back-to-back calls, no cache
 flush) and its device time (a CUDA graph), the shapes taken smallest first and then largest first (a time that
 depends on what ran before shows as a difference between the two), the host's time again with the GPU kept busy
 (does a launch onto an idle GPU cost more, or does the call wait for the GPU?), and the CUDA API calls the host
@@ -27,7 +27,8 @@ import pstats
 import torch
 
 import helpers  # first: on a machine without a GPU it sets the Triton interpreter up
-from helpers import bench, peers, results
+from helpers import bench, results
+from helpers.studies import peer_kernels
 from helpers.device import DEVICE, HAS_CUDA, pick
 from helpers.kernels import fused_bias_gelu_layernorm as ln
 from helpers.kernels import rms_norm as rms
@@ -172,13 +173,13 @@ def api_calls(fn, calls: int) -> dict[str, list[float]]:
 
 def shape_sweep(calls: int) -> list[dict]:
     """The course's norms, forward+backward through autograd, at the side-by-side run's shapes, in both orders."""
-    cases = peers.rms_norm_cases() + peers.layer_norm_cases()
+    cases = peer_kernels.rms_norm_cases() + peer_kernels.layer_norm_cases()
     records = []
     for order, sequence in (("smallest first", sorted(cases, key=lambda c: c.leaves[0].numel())),
                             ("largest first", sorted(cases, key=lambda c: -c.leaves[0].numel()))):
         print(f"\nforward+backward through autograd, the side-by-side run's shapes, {order}:")
         for case in sequence:
-            fn = peers.runner(case, "course", "fwd+bwd")
+            fn = peer_kernels.runner(case, "course", "fwd+bwd")
             host = bench.host_time(fn, calls=max(1, calls // 4))
             python = bench.time_fn(fn, flush_l2=False, **pick(full={}, smoke={"warmup_ms": 0, "rep_ms": 1}))
             device = bench.time_in_graph([fn] * pick(full=5, smoke=1), reps=pick(full=20, smoke=1))

@@ -19,7 +19,7 @@ import sys
 import torch
 
 from helpers import ncu
-from helpers.decode_bench import LLAMA_7B_SHAPES, nf4_weights
+from helpers.studies.decoding_ladder import LLAMA_7B_SHAPES, nf4_weights
 from helpers.kernels.nf4_gemv import config_for, nf4_matmul, nf4_operands
 
 METRICS = {**ncu.KERNEL_METRICS,  # record field -> ncu metric

@@ -21,7 +21,7 @@ from helpers import bench, require_cuda  # first: on a machine without a GPU it 
 import bitsandbytes as bnb  # noqa: E402
 import bitsandbytes.functional as bnbf  # noqa: E402  (imports Triton)
 import triton  # noqa: E402
-from helpers.decode_bench import LLAMA_7B_SHAPES, nf4_gemv_bytes, nf4_weights  # noqa: E402
+from helpers.studies.decoding_ladder import LLAMA_7B_SHAPES, nf4_gemv_bytes, nf4_weights  # noqa: E402
 from helpers.kernels.nf4_gemv import Config, config_for, nf4_matmul, nf4_operands  # noqa: E402
 
 # one pipeline stage only: three stages were never among the fastest on the H200 in earlier sweeps;

@@ -13,10 +13,10 @@ import torch
 
 import helpers  # first: on a machine without a GPU it sets the Triton interpreter up
 from helpers import bench, require_cuda
-from helpers.finetune.models import random_nf4_linear
+from helpers.llama.models import random_nf4_linear
 from helpers.kernels.nf4_dequant import nf4_dequantize
 from helpers.kernels.nf4_gemv import nf4_operands
-from helpers.patching import use_course_nf4
+from helpers.llama.patching import use_course_nf4
 
 
 def host_us(layer: torch.nn.Module, x: torch.Tensor, calls: int) -> float:

@@ -21,7 +21,7 @@ import pstats
 import helpers  # first: on a machine without a GPU it sets the Triton interpreter up
 from helpers import results
 from helpers.finetune import kernels_step, sweep
-from helpers.finetune.data import TokenizedData, make_batches
+from helpers.llama.data import TokenizedData, make_batches
 
 
 def host_profile(model, data: TokenizedData, args: argparse.Namespace, variant: str, steps: int = 3) -> None:

@@ -10,9 +10,10 @@ times every ``Config`` of a small grid (rows per program x warps x programs per 
 depth of its loop), forward and backward (with the weight's gradient), each checked against the table's launch
 first, on the device (CUDA events, L2 flushed by a read, median). Liger-Kernel's RMSNorm (when installed),
 ``torch.compile`` of transformers' formula (compiled afresh for each shape) and the course's autograd call with the
-table's launches, built on the same inputs as the side-by-side run builds them (``helpers.peers``), are timed the
-same way in the same run, forward and forward+backward through autograd. Prints the fastest few against the copy
-bandwidth and the peers, and writes ``results/<gpu>/rms_norm_tune.json``.
+table's launches, built on the same inputs as the side-by-side run builds them
+(``helpers.studies.peer_kernels``), are timed the same way in the same run, forward and forward+backward
+through autograd. Prints the fastest few against the copy bandwidth and the peers, and writes
+``results/<gpu>/rms_norm_tune.json``.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ import itertools
 
 import torch
 
-from helpers import bench, peers, pick, require_cuda, results  # first: sets the Triton interpreter up on a CPU
+from helpers import bench, pick, require_cuda, results  # first: sets the Triton interpreter up on a CPU
+from helpers.studies import peer_kernels
 from helpers.kernels import rms_norm as R
 
 ROWS = {4096: 32768, 5120: 16384, 8192: 8192}  # M for each N: the side-by-side run's shapes
@@ -42,7 +44,7 @@ def tune_shape(n: int, wname: str, passes: list[str], top: int, copy: float, m: 
     pipeline depths ``stages_by_pass``): every timing a record."""
     records = []
     m = m or ROWS[n]
-    case = peers.rms_norm_case(m, n, wname)  # the side-by-side run's inputs and implementations
+    case = peer_kernels.rms_norm_case(m, n, wname)  # the side-by-side run's inputs and implementations
     x, w = (t.detach() for t in case.leaves)
     y, rstd = R.forward(x, w)
     dy = torch.randn_like(y)
@@ -76,8 +78,8 @@ def tune_shape(n: int, wname: str, passes: list[str], top: int, copy: float, m: 
     for pas in ("fwd", "fwd+bwd"):
         line = []
         for impl in (i for i in PEERS if i in case.impls):
-            with torch._dynamo.config.patch(**peers.NO_SILENT_EAGER):
-                ms = bench.time_fn(peers.runner(case, impl, pas), **TIMING).ms
+            with torch._dynamo.config.patch(**peer_kernels.NO_SILENT_EAGER):
+                ms = bench.time_fn(peer_kernels.runner(case, impl, pas), **TIMING).ms
             label = "course (table)" if impl == "course" else impl  # apart from the launches timed above
             records.append({"pass": pas, "N": n, "M": m, "weight": wname, "impl": label, "ms": ms})
             line.append(f"{label} {ms * 1e3:.1f} us")
@@ -98,7 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     require_cuda("tuning RMSNorm's launches")
     copy = bench.copy_bandwidth()["gbps"]
-    print(f"copy bandwidth {copy:,.0f} GB/s; Liger-Kernel " + ("installed" if peers.has_liger() else "not here"))
+    print(f"copy bandwidth {copy:,.0f} GB/s; Liger-Kernel " + ("installed" if peer_kernels.has_liger() else "not here"))
     records = []
     for n, wname in itertools.product(args.ns, args.weights):
         records += tune_shape(n, wname, args.passes, args.top, copy, args.m,

@@ -20,12 +20,13 @@ import gc
 import torch
 
 import helpers  # first: on a machine without a GPU it sets the Triton interpreter up
-from helpers import decode_bench, results
+from helpers.studies import decoding_ladder
+from helpers import results
 from helpers.finetune import sweep
-from helpers.finetune.data import TokenizedData
+from helpers.llama.data import TokenizedData
 from helpers.finetune.generate import decode_parts
-from helpers.finetune.lora import LoraSettings, attach_lora
-from helpers.finetune.models import build_model
+from helpers.llama.lora import LoraSettings, attach_lora
+from helpers.llama.models import build_model
 from helpers.finetune.step_model import measure_train_parts
 
 
@@ -65,7 +66,7 @@ def main() -> None:
         gc.collect()
         torch.cuda.empty_cache() if helpers.HAS_CUDA else None
         model, _ = build_model(args.decode_model, helpers.DEVICE, vocab_size=data.vocab_size, attn="sdpa")
-        for r in decode_bench.graphed_decode_parts(model.eval(), args.graphed_contexts, rounds=args.rounds):
+        for r in decoding_ladder.graphed_decode_parts(model.eval(), args.graphed_contexts, rounds=args.rounds):
             records.append({"model": args.decode_model, **r, **stamp})
             print(f"course decoder {args.decode_model}, context {r['context']}: {1e3 * r['s_per_token']:.2f} ms a "
                   f"token ({1e3 * r['s_per_token_min']:.2f}-{1e3 * r['s_per_token_max']:.2f}), device "

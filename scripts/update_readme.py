@@ -13,8 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from helpers import claims, memory, results, roofline, specs
-from helpers.decode_bench import logits_ok, speedup_per_round
+from helpers import claims, results, datasheets
+from helpers.studies import memory_hierarchy, roofline
+from helpers.studies.decoding_ladder import logits_ok, speedup_per_round
 from helpers.finetune import analysis
 
 README = results.REPO_ROOT / "README.md"
@@ -30,7 +31,7 @@ def _load(topic: str, gpu: str) -> results.Result | None:
         return None
 
 
-def _ceilings(res: results.Result, spec: specs.GpuSpec | None) -> list[tuple[str, str, str]]:
+def _ceilings(res: results.Result, spec: datasheets.GpuSpec | None) -> list[tuple[str, str, str]]:
     copy = res.where(what="copy")[0]["gbps"]
     bf16 = res.where(what="matmul", dtype="bf16")[0]["tflops"]
     ref_bw = f"{100 * copy / spec.bandwidth_gbps:.0f}% of the datasheet's {spec.bandwidth_gbps:,.0f}" if spec else ""
@@ -40,16 +41,17 @@ def _ceilings(res: results.Result, spec: specs.GpuSpec | None) -> list[tuple[str
 
 
 def _memory(res: results.Result, l2_bytes: int) -> list[tuple[str, str, str]]:
-    windows = memory.level_windows(l2_bytes)
+    windows = memory_hierarchy.level_windows(l2_bytes)
     bw = res.where(probe="bandwidth")
     lat = res.where(probe="latency")
-    l2, hbm = (memory.level_value(bw, "gbps", windows[k]) for k in ("L2", "HBM"))
-    ladder = " / ".join(f"{memory.level_value(lat, 'ns_per_load', windows[k]):,.0f}" for k in ("L1", "L2", "HBM"))
+    l2, hbm = (memory_hierarchy.level_value(bw, "gbps", windows[k]) for k in ("L2", "HBM"))
+    ladder = " / ".join(f"{memory_hierarchy.level_value(lat, 'ns_per_load', windows[k]):,.0f}"
+                        for k in ("L1", "L2", "HBM"))
     return [("streaming bandwidth, L2-resident vs HBM", f"{l2:,.0f} vs {hbm:,.0f} GB/s", f"L2 is {l2 / hbm:.1f}x HBM"),
             ("dependent-load latency L1 / L2 / HBM", f"{ladder} ns", "pointer chase, one load in flight")]
 
 
-def _roofline(res: results.Result, spec: specs.GpuSpec | None) -> list[tuple[str, str, str]]:
+def _roofline(res: results.Result, spec: datasheets.GpuSpec | None) -> list[tuple[str, str, str]]:
     dial = res.where(probe="dial", dtype="fp32")
     kn = roofline.knee(dial)
     copy = res.where(probe="ceiling", what="copy")[0]["gbps"]
@@ -220,7 +222,7 @@ def _serving(res: results.Result) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _two_gpus(res: results.Result, spec: specs.GpuSpec | None) -> list[tuple[str, str, str]]:
+def _two_gpus(res: results.Result, spec: datasheets.GpuSpec | None) -> list[tuple[str, str, str]]:
     rows = []
     train = [r for r in res.records if r.get("kind") == "train"]
     big = [r for r in train if r["model"] == "70b" and r["strategy"] == "fsdp" and r["gpus"] == 2 and r["cap_gb"] == 40]
@@ -310,7 +312,7 @@ def table_rows(gpu: str = "h200") -> tuple[list[Row], list[str]]:
     ceilings = _load("ceilings", gpu)
     if ceilings is None:
         return [], []
-    spec = specs.lookup(ceilings.provenance["gpu"])
+    spec = datasheets.lookup(ceilings.provenance["gpu"])
     device = _load("device", gpu)
     l2_bytes = device.records[0]["l2_bytes"] if device else int(spec.l2_mb * 2**20)
     sections = [("ceilings", ceilings, lambda r: _ceilings(r, spec), "00"),

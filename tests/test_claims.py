@@ -3,13 +3,15 @@ from pathlib import Path
 
 import pytest
 
-from helpers import chain, claims, specs
-from helpers.finetune import models, retime, step_model
+from helpers.studies import eager_chain
+from helpers import claims, datasheets
+from helpers.llama import models
+from helpers.finetune import retime, step_model
 from helpers.claims import CONFIRMED, PARTLY, REFUTED, UNDECIDED
 from helpers.results import Result
 
 H200 = {"gpu": "NVIDIA H200", "scale": "full"}
-H200_SPEC = specs.by_name("H200")
+H200_SPEC = datasheets.by_name("H200")
 
 
 def loader(files: dict):
@@ -47,8 +49,8 @@ def test_missing_files_leave_every_results_claim_undecided():
 
 
 def _chain(copy_gbps, gbps=(1600.0, 3000.0, 2500.0), m=16384, n=4096):
-    """naive_chain.json's forward kernels at 16384 x 4096 bf16 (chain.eager_forward_bytes), each at ``gbps``."""
-    bytes_ = chain.eager_forward_bytes(m, n, 2)
+    """naive_chain.json's forward kernels at 16384 x 4096 bf16 (eager_chain.eager_forward_bytes), each at ``gbps``."""
+    bytes_ = eager_chain.eager_forward_bytes(m, n, 2)
     return {("naive_chain", "h200"): [{"what": "op", "pass": "fwd", "op": op, "dtype": "bf16", "M": m, "N": n,
                                        "bytes": bytes_[op], "gbps": g, "copy_gbps": copy_gbps}
                                       for op, g in zip(("add", "gelu", "layer_norm"), gbps)]}
@@ -166,7 +168,7 @@ def test_backward_outcomes_read_the_percentile_bands():
 
 def test_memory_wall_follows_the_datasheets(monkeypatch):
     assert judge("memory-wall", {}).verdict == PARTLY  # tensor FLOP/s outgrew bandwidth, fp32 did not
-    real = specs.by_name
+    real = datasheets.by_name
     slow_v100 = {"V100 SXM2": dict(fp32_tflops=1.0)}
 
     def by_name(name):
@@ -253,13 +255,13 @@ def test_ada_generation_verdict_from_the_host_device_split():
                                     for c in (64, 2048)]
     v = judge("ada-generates-faster", files)  # the course's decoder is evidence beside the verdict, not its input
     assert v.verdict == UNDECIDED
-    ada, a100 = specs.by_name("RTX 6000 Ada"), specs.by_name("A100 40GB SXM")
+    ada, a100 = datasheets.by_name("RTX 6000 Ada"), datasheets.by_name("A100 40GB SXM")
     assert v.evidence["course's graphed decoder, Ada over A100, device x bandwidth"].startswith(
         f"64: {ada.bandwidth_gbps / a100.bandwidth_gbps:.2f}")
 
 
 def test_ada_generation_confirmed_when_the_projection_favours_the_ada(monkeypatch):
-    real = specs.by_name
+    real = datasheets.by_name
 
     def by_name(name, ada_bandwidth=5000.0):  # an Ada with more bandwidth than the A100: the claim must then hold
         row = real(name)
@@ -272,7 +274,7 @@ def test_ada_generation_confirmed_when_the_projection_favours_the_ada(monkeypatc
 
 
 def test_ada_generation_refuted_when_both_scalings_favour_the_a100(monkeypatch):
-    real_spec = specs.by_name
+    real_spec = datasheets.by_name
 
     def by_name(name):  # an Ada with the A100's clock: slower under either scaling of the device's time
         row = real_spec(name)

@@ -1,9 +1,10 @@
 import pytest
 
-from helpers import specs
-from helpers.finetune import analysis, models, step_model
+from helpers import datasheets
+from helpers.finetune import analysis, step_model
+from helpers.llama import models
 
-H200, A100, ADA = specs.by_name("H200"), specs.by_name("A100 40GB SXM"), specs.by_name("RTX 6000 Ada")
+H200, A100, ADA = datasheets.by_name("H200"), datasheets.by_name("A100 40GB SXM"), datasheets.by_name("RTX 6000 Ada")
 
 
 def _train(batch, cap, status, **extra):

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from helpers import results
-from helpers.finetune import data, distributed, fsdp_point
+from helpers.llama import data
+from helpers.finetune import distributed, fsdp_point
 from helpers.finetune.distributed import DistSpec
 
 SMOKE = dict(model="tiny", gpus=2, batch_size=1, lora_r=4, max_len=32, warmup_steps=1, timed_steps=2)

@@ -1,10 +1,11 @@
 import pytest
 import torch
 
-from helpers.finetune import data, retime, sweep
-from helpers.finetune.lora import LoraSettings, attach_lora, count_layer_forwards
-from helpers.finetune.models import build_model
-from helpers.finetune.spec import PointSpec
+from helpers.llama import data
+from helpers.finetune import retime, sweep
+from helpers.llama.lora import LoraSettings, attach_lora, count_layer_forwards
+from helpers.llama.models import build_model
+from helpers.finetune.point_spec import PointSpec
 from helpers.finetune.timing import timed_steps
 
 

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from helpers import results
-from helpers.finetune import data, point, sweep
-from helpers.finetune.spec import PointSpec
+from helpers.llama import data
+from helpers.finetune import sweep_point, sweep
+from helpers.finetune.point_spec import PointSpec
 
 
 @pytest.fixture
@@ -123,20 +124,20 @@ def test_simulated_cuda_oom_in_a_point_is_recorded(env, monkeypatch):
     def out_of_memory(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(point, "check_checkpointing", out_of_memory)
+    monkeypatch.setattr(sweep_point, "check_checkpointing", out_of_memory)
     spec = PointSpec("train", "tiny", 2, max_len=32, warmup_steps=1, timed_steps=1)
-    [record] = point.run_point(spec, env["data"])
+    [record] = sweep_point.run_point(spec, env["data"])
     assert record["status"] == "oom" and record["oom_stage"] == "train"
     assert "out of memory" in record["oom_message"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the simulated cap is the CPU's stand-in for a GPU's")
 def test_simulated_cap_on_cpu_runs_out_of_memory_for_the_larger_batch(env):
-    fits = point.run_point(PointSpec("train", "tiny", 1, cap_gb=0.1, max_len=64, warmup_steps=1, timed_steps=1),
+    fits = sweep_point.run_point(PointSpec("train", "tiny", 1, cap_gb=0.1, max_len=64, warmup_steps=1, timed_steps=1),
                            env["data"])[0]
     assert fits["status"] == "ok" and fits["checkpointing"] is True
     assert fits["peak_alloc_gb"] < 0.1 and fits["tokens_per_s"] > 0 and fits["step_s"] > 0
-    big = point.run_point(PointSpec("train", "tiny", 8, cap_gb=0.1, max_len=64, warmup_steps=1, timed_steps=1),
+    big = sweep_point.run_point(PointSpec("train", "tiny", 8, cap_gb=0.1, max_len=64, warmup_steps=1, timed_steps=1),
                           env["data"])[0]
     assert big["status"] == "oom" and big["peak_alloc_gb"] > 0.1
 
@@ -186,7 +187,7 @@ def test_full_run_without_a_gpu_is_refused(env, monkeypatch):
 
 def test_point_cli_writes_its_records(env, tmp_path):
     out = tmp_path / "out.json"
-    point.main(["--spec", PointSpec("train", "tiny", 1, max_len=16, warmup_steps=1, timed_steps=1).to_json(),
+    sweep_point.main(["--spec", PointSpec("train", "tiny", 1, max_len=16, warmup_steps=1, timed_steps=1).to_json(),
                 "--data", str(env["data"]), "--out", str(out)])
     [record] = json.loads(out.read_text())
     assert record["status"] == "ok" and record["batch_size"] == 1 and record["max_seq_len"] <= 16
@@ -265,7 +266,7 @@ def test_the_command_line_follows_the_scale():
 
 @pytest.mark.gpu
 def test_a_cap_below_the_cuda_context_is_refused_clearly():
-    from helpers.finetune.memory_caps import apply_cap, context_bytes
+    from helpers.llama.memory_caps import apply_cap, context_bytes
 
     with pytest.raises(ValueError, match="CUDA context"):
         apply_cap(context_bytes() / 2**30 / 2)

@@ -6,8 +6,8 @@ import torch
 
 from helpers import HAS_CUDA  # first: without a GPU it switches Triton to its interpreter before triton is imported
 from helpers.kernels.flash_attention import attention_reference
-from helpers.kernels.flash_attention_hopper import (HopperConfig, _tma_ready, flash_attention_forward_hopper,
-                                                    launch_constants)
+from helpers.kernels.candidates.flash_attention_hopper import (HopperConfig, _tma_ready, flash_attention_forward_hopper,
+                                                               launch_constants)
 from numerics import rel_err
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 
 import helpers
-from helpers.chain import eager_chain, reference64
+from helpers.studies.eager_chain import eager_chain, reference64
 from helpers.results import REPO_ROOT
 from helpers.kernels import fused_bias_gelu_layernorm as K
-from helpers.kernels.vector_add import vector_add
+from helpers.kernels.probes.vector_add import vector_add
 from numerics import rel_err
 
 DEV = helpers.DEVICE

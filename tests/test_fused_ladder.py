@@ -1,11 +1,11 @@
-"""The ladder's simple fused forwards (helpers.kernels.fused_ladder) against float64, in every dtype they
+"""The ladder's simple fused forwards (helpers.kernels.teaching.fused_ladder) against float64, in every dtype they
 claim, on odd widths; bad input refused with an error that names the problem."""
 import pytest
 import torch
 
 import helpers
-from helpers.chain import reference64
-from helpers.kernels import fused_ladder as L
+from helpers.studies.eager_chain import reference64
+from helpers.kernels.teaching import fused_ladder as L
 from numerics import rel_err
 
 DEV = helpers.DEVICE

@@ -3,8 +3,8 @@ over one position, not a pass over the whole sequence so far."""
 import torch
 
 from helpers.finetune.generate import _generate
-from helpers.finetune.lora import LoraSettings, attach_lora
-from helpers.finetune.models import build_model
+from helpers.llama.lora import LoraSettings, attach_lora
+from helpers.llama.models import build_model
 
 
 def test_generate_feeds_one_new_position_per_token():

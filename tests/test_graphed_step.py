@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from helpers.finetune import kernels_step
-from helpers.finetune.data import PAD_ID, TokenizedData
+from helpers.llama.data import PAD_ID, TokenizedData
 from helpers.finetune.graphed_step import GraphedTrainStep, pad_width
 
 def _batch(lengths: list[int], vocab: int = 128) -> dict:

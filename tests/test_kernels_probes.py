@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import helpers
-from helpers.kernels import intensity_dial, pointer_chase, stream
+from helpers.kernels.probes import intensity_dial, pointer_chase, stream
 
 DEV = helpers.DEVICE
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from helpers.decode_bench import LLAMA_7B_SHAPES
+from helpers.studies.decoding_ladder import LLAMA_7B_SHAPES
 from helpers.results import REPO_ROOT
 
 spec = importlib.util.spec_from_file_location("nf4_gemv_counters", REPO_ROOT / "scripts" / "nf4_gemv_counters.py")

@@ -8,7 +8,9 @@ import helpers  # noqa: F401  (first: sets the Triton interpreter up on a machin
 from helpers.kernels.decode_attention import BLOCK_T, MAX_SPLITS, decode_attention
 from helpers.kernels.paged_decode_attention import (check_block_table, default_splits, gather_pages,
                                                     paged_decode_attention)
-from helpers.serving import PagePool, paged_reference, random_block_table, to_pages
+from helpers.llama.page_pool import PagePool
+from helpers.kernels.paged_decode_attention import paged_reference
+from helpers.studies.kv_cache import random_block_table, to_pages
 from numerics import rel_err
 
 DEV = helpers.DEVICE

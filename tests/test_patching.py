@@ -3,11 +3,11 @@ import helpers  # noqa: F401  (first: sets the Triton interpreter up on a machin
 import pytest
 import torch
 
-from helpers.finetune.lora import LoraSettings, attach_lora
-from helpers.finetune.models import ModelSpec, build_random
-from helpers import patching
-from helpers.patching import (use_attention, use_course_kernels, use_course_nf4, use_course_rms_norm,
-                              use_course_rotary, use_course_swiglu)
+from helpers.llama.lora import LoraSettings, attach_lora
+from helpers.llama.models import ModelSpec, build_random
+from helpers.llama import patching
+from helpers.llama.patching import (use_attention, use_course_kernels, use_course_nf4, use_course_rms_norm,
+                                    use_course_rotary, use_course_swiglu)
 
 SPEC = ModelSpec("head64", 128, 192, 2, 2, 1, vocab_size=96)  # head_dim 64, GQA 2:1
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the Triton interpreter runs on CPU tensors

@@ -1,10 +1,11 @@
-"""helpers.roofline: the model, the operations' intensities, the dial sweep and its knee."""
+"""helpers.studies.roofline: the model, the operations' intensities, the dial sweep and its knee."""
 import math
 
 import pytest
 
 from stand_ins import fixed_timer
-from helpers import roofline, specs
+from helpers.studies import roofline
+from helpers import datasheets
 
 
 def test_roof_model():
@@ -19,11 +20,11 @@ def test_roof_model():
 
 @pytest.mark.parametrize("name,ridge", [("A100 40GB SXM", 200), ("RTX 6000 Ada", 380), ("H200", 206)])
 def test_spec_ridges_match_the_issue(name, ridge):
-    roof = roofline.spec_roof(specs.by_name(name))
+    roof = roofline.spec_roof(datasheets.by_name(name))
     assert roof.ridge == pytest.approx(ridge, rel=0.01)
-    assert roofline.spec_roof(specs.by_name(name), "fp32").ridge < roof.ridge
+    assert roofline.spec_roof(datasheets.by_name(name), "fp32").ridge < roof.ridge
     with pytest.raises(ValueError):
-        roofline.spec_roof(specs.by_name(name), "int8")
+        roofline.spec_roof(datasheets.by_name(name), "int8")
 
 
 def test_operations_intensities():
@@ -72,7 +73,7 @@ def test_knee_on_a_synthetic_roofline():
 
 def test_card_spec_names_its_source():
     spec, note = roofline.card_spec()
-    assert isinstance(spec, specs.GpuSpec) and spec.name in note
+    assert isinstance(spec, datasheets.GpuSpec) and spec.name in note
 
 
 def test_generations_and_plot():

@@ -3,8 +3,8 @@ import helpers  # noqa: F401  (first: sets the Triton interpreter up on a machin
 import pytest
 import torch
 
-from helpers.decode import Decoder, torch_rope_cache
-from helpers.finetune.models import build_model
+from helpers.llama.decoding import Decoder, torch_rope_cache
+from helpers.llama.models import build_model
 from helpers.kernels.rope_cache import rope_cache
 
 DEV = helpers.DEVICE

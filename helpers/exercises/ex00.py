@@ -2,15 +2,15 @@
 share of the datasheet's bandwidth a copy reaches."""
 from __future__ import annotations
 
-from .. import results, specs
+from .. import results, datasheets
 from .checks import NumberCheck
 
 
 def _datasheet_clock() -> tuple[float, str]:
-    h200 = specs.by_name("H200")
-    per_sm = specs.TENSOR_FLOP_PER_CLOCK_PER_SM[h200.architecture]
-    mhz = specs.tensor_clock_mhz(h200)
-    return mhz, (f"datasheet (helpers.specs): {h200.tensor_tflops:g} TFLOP/s dense bf16 / ({h200.sms} SMs x "
+    h200 = datasheets.by_name("H200")
+    per_sm = datasheets.TENSOR_FLOP_PER_CLOCK_PER_SM[h200.architecture]
+    mhz = datasheets.tensor_clock_mhz(h200)
+    return mhz, (f"datasheet (helpers.datasheets): {h200.tensor_tflops:g} TFLOP/s dense bf16 / ({h200.sms} SMs x "
                  f"{per_sm:,} FLOP per clock per SM) = {mhz:,.0f} MHz, below the {h200.boost_mhz:,} MHz boost clock: "
                  "the tensor-core rate is not quoted at the boost clock")
 
@@ -23,7 +23,7 @@ DATASHEET_CLOCK = NumberCheck(
 def _copy_share() -> tuple[float, str]:
     saved = results.load("ceilings", gpu="h200")
     copy = next(r for r in saved.records if r["what"] == "copy")
-    datasheet = specs.lookup(saved.provenance["gpu"]).bandwidth_gbps
+    datasheet = datasheets.lookup(saved.provenance["gpu"]).bandwidth_gbps
     share = 100 * copy["gbps"] / datasheet
     return share, (f"results/h200/ceilings.json ({saved.describe()}): the copy of {copy['bytes'] / 2**30:g} GiB "
                    f"moved {copy['gbps']:,.0f} GB/s against the datasheet's {datasheet:,.0f} GB/s: {share:.1f}%")

@@ -5,8 +5,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import device, memory, results, specs
-from ..kernels import stream
+from .. import device, results, datasheets
+from ..studies import memory_hierarchy
+from ..kernels.probes import stream
 from .checks import Case, CodeCheck, NumberCheck, on_device
 
 
@@ -65,11 +66,11 @@ BYTES_READ = NumberCheck(
 def _l2_cliff() -> tuple[float, str]:
     saved = results.load("memory_hierarchy", gpu="h200")
     bandwidth = [r for r in saved.records if r["probe"] == "bandwidth"]
-    windows = memory.level_windows(int(specs.by_name("H200").l2_mb * 2**20))
-    l2, hbm = (memory.level_value(bandwidth, "gbps", windows[level]) for level in ("L2", "HBM"))
+    windows = memory_hierarchy.level_windows(int(datasheets.by_name("H200").l2_mb * 2**20))
+    l2, hbm = (memory_hierarchy.level_value(bandwidth, "gbps", windows[level]) for level in ("L2", "HBM"))
     return l2 / hbm, (f"results/h200/memory_hierarchy.json ({saved.describe()}): median bandwidth over the L2 "
-                      f"window {l2:,.0f} GB/s, over the HBM window {hbm:,.0f} GB/s (memory.level_windows for the "
-                      "H200's 50 MB L2, as in section 2); ratio L2 / HBM")
+                      f"window {l2:,.0f} GB/s, over the HBM window {hbm:,.0f} GB/s "
+                      "(memory_hierarchy.level_windows for the H200's 50 MB L2, as in section 2); ratio L2 / HBM")
 
 
 L2_CLIFF = NumberCheck(

@@ -5,7 +5,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import device, roofline, specs
+from .. import device, datasheets
+from ..studies import roofline
 from .checks import Case, CodeCheck, NumberCheck, on_device
 
 
@@ -51,8 +52,8 @@ SOFTMAX = CodeCheck(
 
 
 def _ridge() -> tuple[float, str]:
-    a100 = specs.by_name("A100 40GB SXM")
-    return a100.ridge_flops_per_byte, (f"datasheet (helpers.specs): {a100.tensor_tflops:g} TFLOP/s bf16 tensor "
+    a100 = datasheets.by_name("A100 40GB SXM")
+    return a100.ridge_flops_per_byte, (f"datasheet (helpers.datasheets): {a100.tensor_tflops:g} TFLOP/s bf16 tensor "
                                        f"cores / {a100.bandwidth_gbps:,.0f} GB/s = {a100.ridge_flops_per_byte:.1f} "
                                        "FLOP per byte")
 

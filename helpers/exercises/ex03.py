@@ -2,17 +2,18 @@
 slowest kernel on the H200."""
 from __future__ import annotations
 
-from .. import chain, results
+from ..studies import eager_chain
+from .. import results
 from .checks import NumberCheck
 
 M, N, BF16 = 16384, 4096, 2
 
 
 def _eager_bytes() -> tuple[float, str]:
-    per_kernel = chain.eager_forward_bytes(M, N, BF16)
+    per_kernel = eager_chain.eager_forward_bytes(M, N, BF16)
     total = sum(per_kernel.values())
     parts = ", ".join(f"{op} {b / 1e6:,.1f} MB" for op, b in per_kernel.items())
-    return total / 1e6, f"chain.eager_forward_bytes({M}, {N}, 2): {parts}; total {total / 1e6:,.1f} MB"
+    return total / 1e6, f"eager_chain.eager_forward_bytes({M}, {N}, 2): {parts}; total {total / 1e6:,.1f} MB"
 
 
 EAGER_BYTES = NumberCheck("03.1", "MB (1e6 bytes) the eager bf16 forward chain moves at 16384 x 4096",
@@ -20,9 +21,11 @@ EAGER_BYTES = NumberCheck("03.1", "MB (1e6 bytes) the eager bf16 forward chain m
 
 
 def _bytes_speedup() -> tuple[float, str]:
-    eager, fused = sum(chain.eager_forward_bytes(M, N, BF16).values()), chain.fused_forward_bytes(M, N, BF16)
+    eager = sum(eager_chain.eager_forward_bytes(M, N, BF16).values())
+    fused = eager_chain.fused_forward_bytes(M, N, BF16)
     return eager / fused, (f"eager {eager / 1e6:,.1f} MB / fused {fused / 1e6:,.1f} MB "
-                           "(chain.fused_forward_bytes: read x once, write y once, plus the vectors and statistics)")
+                           "(eager_chain.fused_forward_bytes: read x once, write y once, plus the vectors and "
+                           "statistics)")
 
 
 BYTES_SPEEDUP = NumberCheck("03.2", "the forward speedup the bytes predict for one fused kernel (eager / fused bytes)",

@@ -2,7 +2,7 @@
 in notebook 04 divides by."""
 from __future__ import annotations
 
-from .. import chain
+from ..studies import eager_chain
 from .checks import NumberCheck
 
 ELEMS, N = 1 << 26, 4096  # notebook 04's full-scale input: 64M bf16 elements in rows of 4,096
@@ -10,8 +10,8 @@ ELEMS, N = 1 << 26, 4096  # notebook 04's full-scale input: 64M bf16 elements in
 
 def _forward_bytes() -> tuple[float, str]:
     m = ELEMS // N
-    mb = chain.fused_forward_bytes(m, N, 2) / 1e6
-    return mb, (f"chain.fused_forward_bytes({m}, {N}, 2 bytes): x read once and y written once "
+    mb = eager_chain.fused_forward_bytes(m, N, 2) / 1e6
+    return mb, (f"eager_chain.fused_forward_bytes({m}, {N}, 2 bytes): x read once and y written once "
                 f"(2 x {ELEMS:,} elements x 2 bytes), plus the three vectors of {N} and the per-row statistics: "
                 f"{mb:,.1f} MB")
 

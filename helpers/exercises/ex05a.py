@@ -2,7 +2,7 @@
 can be busy in a forward that takes turns between the matrix products and the exponentials, at head dim 64."""
 from __future__ import annotations
 
-from ..specs import EXP2_PER_CLOCK_PER_SM, TENSOR_FLOP_PER_CLOCK_PER_SM
+from ..datasheets import EXP2_PER_CLOCK_PER_SM, TENSOR_FLOP_PER_CLOCK_PER_SM
 from .checks import NumberCheck
 
 HEAD_DIM = 64

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from .. import results
-from ..finetune import analysis, models
+from ..finetune import analysis
+from ..llama import models
 from .checks import NumberCheck
 
 MAIN = {"attn": "eager", "lora_r": 16}  # the H200 sweep's main series (notebook 06's MAIN at full scale)

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import specs
-from ..finetune import generate, models
+from .. import datasheets
+from ..finetune import generate
+from ..llama import models
 from .checks import Case, CodeCheck, NumberCheck, on_device
 
 
@@ -91,7 +92,7 @@ WRITE_KV = CodeCheck(
 
 
 def _roofline_tokens() -> tuple[float, str]:
-    spec, h200, context = models.MODELS["7b"], specs.by_name("H200"), 128
+    spec, h200, context = models.MODELS["7b"], datasheets.by_name("H200"), 128
     per_token = generate.decode_bytes_per_token(spec, context, lm_head_bytes=2)
     rate = h200.bandwidth_gbps * 1e9 / per_token
     return rate, (f"generate.decode_bytes_per_token(7B, {context} cached tokens, bf16 lm_head) = "

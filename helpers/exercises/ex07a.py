@@ -2,7 +2,7 @@
 budget is counted in."""
 from __future__ import annotations
 
-from ..decode_bench import nf4_gemv_bytes
+from ..studies.decoding_ladder import nf4_gemv_bytes
 from .checks import NumberCheck
 
 N = K = 4096  # a Llama-2-7B attention projection

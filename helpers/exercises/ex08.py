@@ -1,7 +1,7 @@
 """Exercises of notebook 08 (two GPUs): the nf4 bytes each GPU holds, the bytes of an all-reduce of LoRA gradients."""
 from __future__ import annotations
 
-from ..finetune import lora, models
+from ..llama import lora, models
 from .checks import NumberCheck
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..finetune import models
+from ..llama import models
 from ..kernels.paged_decode_attention import gather_pages
 from .checks import Case, CodeCheck, NumberCheck, on_device
 

@@ -39,7 +39,7 @@ import torch
 
 from .. import results
 from ..device import HAS_CUDA, SCALE
-from .spec import PointSpec
+from .point_spec import PointSpec
 
 TOPIC = "fsdp"
 FOLDER_GPUS = 2  # the two-GPU experiment's records (its 1-GPU references too) live in results/<gpu>x2/fsdp.json
@@ -317,7 +317,7 @@ def run_plan(specs: list[DistSpec], data_path: Path | None = None, *, budget_s: 
     if budget_s is not None and budget_s <= 0:
         raise ValueError(f"budget_s must be > 0, got {budget_s}")
     if any(s.kind == "train" for s in specs) and data_path is None:
-        from .sweep import data_file
+        from ..llama.data import data_file
 
         data_path = data_file()
 

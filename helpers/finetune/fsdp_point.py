@@ -23,11 +23,11 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import results
-from .data import TokenizedData, make_batches
+from ..llama.data import TokenizedData, make_batches
 from .distributed import OOM_EXIT, DistSpec, save_records
-from .lora import LoraSettings, attach_lora, check_checkpointing, decoder_layers
-from .memory_caps import GiB, SimulatedMemory, apply_cap, is_oom, peak_memory
-from .models import build_model
+from ..llama.lora import LoraSettings, attach_lora, check_checkpointing, decoder_layers
+from ..llama.memory_caps import GiB, SimulatedMemory, apply_cap, is_oom, peak_memory
+from ..llama.models import build_model
 from .timing import sync, timed_steps
 
 

@@ -14,11 +14,11 @@ import torch
 
 from ..bench import profile_kernels
 from ..children import report_progress
-from .data import TokenizedData
-from .lora import LoraSettings, attach_lora
-from .memory_caps import apply_cap, is_oom
-from .models import ModelSpec, build_model, nf4_bytes
-from .spec import PointSpec, base_record
+from ..llama.data import TokenizedData
+from ..llama.lora import LoraSettings, attach_lora
+from ..llama.memory_caps import apply_cap, is_oom
+from ..llama.models import ModelSpec, build_model, nf4_bytes
+from .point_spec import PointSpec, base_record
 from .timing import sync
 
 

@@ -16,8 +16,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..patching import refuse_left_padding
-from .data import PAD_ID
+from ..llama.patching import refuse_left_padding
+from ..llama.data import PAD_ID
 
 
 def pad_width(batch: dict[str, torch.Tensor], multiple: int) -> dict[str, torch.Tensor]:

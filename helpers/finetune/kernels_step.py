@@ -4,7 +4,7 @@ Every variant builds the same nf4 model (same seed), attaches the same LoRA adap
 checkpointing and trains on the same batches (the eager variants with the same dropout masks). "stock" is transformers +
 peft as they come (after peft's k-bit preparation its SDPA attention runs in fp32); "sdpa bf16" is
 the strongest baseline, PyTorch's fused attention in bf16; "course" swaps in the course's
-FlashAttention (bf16), fused RMSNorm, rotary embedding, SwiGLU and nf4 layers (``helpers.patching``);
+FlashAttention (bf16), fused RMSNorm, rotary embedding, SwiGLU and nf4 layers (``helpers.llama.patching``);
 "course graphed" is the same model whose whole step replays CUDA graphs (``graphed_step``), on a GPU only.
 """
 from __future__ import annotations
@@ -18,12 +18,12 @@ import torch
 
 from ..bench import profile_kernels
 from ..kernels.flash_attention import tuning_bucket
-from ..patching import SDPA_BF16, use_attention, use_course_kernels
-from .data import TokenizedData, make_batches
+from ..llama.patching import SDPA_BF16, use_attention, use_course_kernels
+from ..llama.data import TokenizedData, make_batches
 from .graphed_step import GraphedTrainStep
-from .lora import LoraSettings, attach_lora, check_checkpointing
-from .memory_caps import GiB
-from .models import build_model
+from ..llama.lora import LoraSettings, attach_lora, check_checkpointing
+from ..llama.memory_caps import GiB
+from ..llama.models import build_model
 from .timing import sync, timed_steps
 
 GRAPHED = "course graphed"

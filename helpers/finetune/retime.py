@@ -3,7 +3,7 @@
     python -m helpers.finetune.retime --budget-s 480     # a chunk of the full plan; run again to go on
     python -m helpers.finetune.retime --models 13b --max-batch 4 --caps 40 48   # what a verdict reads, first
 
-A sweep point (``helpers.finetune.point``) builds its model in a fresh process, so that its peak memory and its
+A sweep point (``helpers.finetune.sweep_point``) builds its model in a fresh process, so that its peak memory and its
 out-of-memory verdict owe nothing to an earlier point; it times only a few steps. Small batches wait on the
 host, so a few steps leave their time uncertain. This module times every point that trained again, over
 ``TIMED_STEPS`` steps: one process per group (one model, cap and setting), the model built and LoRA attached
@@ -36,12 +36,13 @@ import torch
 from .. import children, results
 from ..device import SCALE, pick
 from . import distributed
-from .data import TokenizedData, make_batches
-from .lora import LoraSettings, attach_lora, check_checkpointing
-from .memory_caps import apply_cap, is_oom
-from .models import build_model
-from .spec import PointSpec, base_record
-from .sweep import Store, data_file, default_store, full_plan, groups, plan
+from ..llama.data import TokenizedData, make_batches
+from ..llama.lora import LoraSettings, attach_lora, check_checkpointing
+from ..llama.memory_caps import apply_cap, is_oom
+from ..llama.models import build_model
+from .point_spec import PointSpec, base_record
+from .sweep import Store, default_store, full_plan, groups, plan
+from ..llama.data import data_file
 from .timing import timed_steps
 
 TOPIC = "finetune_timing"

@@ -32,10 +32,10 @@ import numpy as np
 import torch
 
 from ..bench import profile_kernels
-from ..specs import GpuSpec
-from .data import TokenizedData, make_batches
-from .lora import LoraSettings, attach_lora, check_checkpointing
-from .models import MODELS, ModelSpec, build_model
+from ..datasheets import GpuSpec
+from ..llama.data import TokenizedData, make_batches
+from ..llama.lora import LoraSettings, attach_lora, check_checkpointing
+from ..llama.models import MODELS, ModelSpec, build_model
 from .timing import sync
 
 PASSES = 3  # forward, forward again (gradient checkpointing), backward

@@ -3,7 +3,7 @@
     python -m helpers.finetune.sweep --full-plan --budget-s 400     # a chunk; run again to go on
     python -m helpers.finetune.sweep --full-plan --gpus 0 1         # two GPUs, a point on each at a time
 
-Each point runs in a subprocess (``python -m helpers.finetune.point``), so an out-of-memory error
+Each point runs in a subprocess (``python -m helpers.finetune.sweep_point``), so an out-of-memory error
 or a crash cannot poison the next point. As each point finishes, its records are appended to a
 progress file (one JSON line a point, flushed to disk) and the whole results file is rewritten
 through ``helpers.results.save("finetune", ...)``. Re-running resumes: points already in the
@@ -32,14 +32,14 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from .. import children, results
+from ..datasheets import CAPS
 from ..device import HAS_CUDA, SCALE, pick
-from .data import TokenizedData, prepare
-from .memory_caps import GiB
-from .models import MODELS
-from .spec import PointSpec
+from ..llama.data import TokenizedData, data_file
+from ..llama.memory_caps import GiB
+from ..llama.models import MODELS
+from .point_spec import PointSpec
 
 TOPIC = "finetune"
-CAPS: dict[float | None, str] = {None: "whole card", 40: "A100 40GB", 48: "RTX 6000 Ada 48GB"}
 BATCH_SIZES = (1, 2, 4, 8, 16, 20, 25, 32)
 NEW_TOKENS = (64, 128, 256, 512)
 SEED_MAX_LEN = 1024
@@ -134,7 +134,7 @@ def subprocess_runner(spec: PointSpec, data_path: Path, gpu: str | None = None,
     env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": _child_devices(gpu)} if gpu is not None else {}))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "records.json"
-        cmd = [sys.executable, "-m", "helpers.finetune.point", "--spec", spec.to_json(), "--data", str(data_path),
+        cmd = [sys.executable, "-m", "helpers.finetune.sweep_point", "--spec", spec.to_json(), "--data", str(data_path),
                "--out", str(out)]
         proc = children.run(cmd, on_progress=progress, cwd=results.REPO_ROOT, env=env)  # dies with this process
         if proc.returncode != 0 or not out.exists():
@@ -200,15 +200,6 @@ def _oom_below(point: PointSpec, done: dict[str, list[dict]]) -> PointSpec | Non
         if recs and recs[0]["status"] == "oom":
             return replace(point, batch_size=smaller)
     return None
-
-
-def data_file(scale: str = SCALE) -> Path:
-    """The tokenized data every point reads; prepared once, then reused (prepared again if it predates the
-    prompts' lengths)."""
-    path = results.REPO_ROOT / "build" / "finetune-data" / f"{scale}.json"
-    if not path.exists() or TokenizedData.load(path).prompt_lengths is None:
-        prepare().save(path)
-    return path
 
 
 def groups(points: list[PointSpec]) -> list[list[PointSpec]]:

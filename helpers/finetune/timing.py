@@ -8,7 +8,7 @@ import time
 import torch
 
 from ..children import report_progress
-from .memory_caps import SimulatedMemory
+from ..llama.memory_caps import SimulatedMemory
 
 
 def sync(device: torch.device) -> None:

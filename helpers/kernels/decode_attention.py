@@ -151,3 +151,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                                                  1.0 / math.sqrt(d), GROUP=group, HEAD_DIM=d, BLOCK_T=block_t,
                                                  SPLITS=splits, num_warps=4)
     return out
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int = 8) -> torch.Tensor:
+    """Softmax attention of q (B, H, 1, D) over k, v (B, H_kv, L, D) in float64, ``chunk`` requests at a time."""
+    group = q.shape[1] // k.shape[1]
+    out = []
+    for i in range(0, q.shape[0], chunk):
+        qc, kc, vc = (t[i:i + chunk].double() for t in (q, k, v))
+        kc, vc = kc.repeat_interleave(group, 1), vc.repeat_interleave(group, 1)
+        out.append(torch.softmax(qc @ kc.transpose(-1, -2) / math.sqrt(q.shape[-1]), -1) @ vc)
+    return torch.cat(out)

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from ..device import INTERPRET
 from . import check_triton_device
-from .decode_attention import BLOCK_T, MAX_SPLITS, _merge_slices, _tickets
+from .decode_attention import BLOCK_T, MAX_SPLITS, _merge_slices, _tickets, reference_attention
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 PROGRAMS_PER_SM = 2  # programs a multiprocessor for the default splits (on an H200: the fewest that fill it)
@@ -213,3 +213,12 @@ def gather_pages(pages: torch.Tensor, block_table: torch.Tensor, length: int) ->
     page = pages.shape[2]
     gathered = pages[block_table[..., :triton.cdiv(length, page)].long()].movedim(-3, -4)  # (..., H_kv, n, PAGE, D)
     return gathered.reshape(*gathered.shape[:-3], -1, pages.shape[3])[..., :length, :]
+
+
+def paged_reference(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
+                    lengths: torch.Tensor) -> torch.Tensor:
+    """What ``paged_decode_attention`` computes, in float64: each request's pages gathered, then softmax
+    attention over its own length."""
+    return torch.cat([reference_attention(q[b:b + 1], gather_pages(k_pages, block_table[b], n)[None],
+                                          gather_pages(v_pages, block_table[b], n)[None])
+                      for b, n in enumerate(lengths.tolist())])

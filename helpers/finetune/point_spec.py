@@ -1,0 +1,81 @@
+"""What one point of the sweep measures (:class:`PointSpec`) and the fields every record of a point carries."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .. import results
+from ..llama.lora import LoraSettings
+from ..llama.models import MODELS
+
+KINDS = ("train", "generate")
+ATTN = ("sdpa", "eager")
+
+
+@dataclass(frozen=True)
+class PointSpec:
+    """What one point measures. ``cap_gb``: the emulated card's memory in GiB (None: the whole card)."""
+
+    kind: str
+    model: str
+    batch_size: int = 1
+    cap_gb: float | None = None
+    lora_r: int = 16
+    attn: str = "sdpa"  # attention kernel: "sdpa" (today's default) or "eager" (the seed's transformers 4.31)
+    grad_ckpt: bool = True  # gradient checkpointing (QLoRA recipes turn it on)
+    max_len: int | None = None  # truncate texts to this many tokens (None: the data's full lengths)
+    warmup_steps: int = 2  # the first holds the longest texts: the epoch's peak memory
+    timed_steps: int = 3
+    new_tokens: tuple[int, ...] = field(default=(64, 128, 256, 512))
+
+    def key(self) -> str:
+        """A stable name: two specs with the same key measure the same thing (cap 40 and 40.0 alike)."""
+        cap = "none" if self.cap_gb is None else f"{self.cap_gb:g}"
+        if self.kind == "generate":
+            return (f"generate/{self.model}/cap={cap}/r={self.lora_r}/{self.attn}"
+                    f"/new={','.join(map(str, self.new_tokens))}")
+        return (f"train/{self.model}/b={self.batch_size}/cap={cap}/r={self.lora_r}/{self.attn}/len={self.max_len}"
+                f"/steps={self.warmup_steps}+{self.timed_steps}" + ("" if self.grad_ckpt else "/no-ckpt"))
+
+    def validate(self, card_gb: float | None) -> None:
+        """Raise ValueError naming the problem; ``card_gb``: this GPU's memory in GiB (None: no GPU)."""
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; known: {', '.join(MODELS)}")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"batch size must be an integer >= 1, got {self.batch_size!r}")
+        LoraSettings(r=self.lora_r)
+        if self.attn not in ATTN:
+            raise ValueError(f"attn must be one of {ATTN}, got {self.attn!r}")
+        if self.cap_gb is not None:
+            if self.cap_gb <= 0:
+                raise ValueError(f"memory cap must be > 0 GiB, got {self.cap_gb}")
+            if card_gb is not None and self.cap_gb > card_gb:
+                raise ValueError(f"memory cap {self.cap_gb} GiB is larger than this card ({card_gb:.1f} GiB)")
+        if self.max_len is not None and self.max_len < 2:
+            raise ValueError(f"max_len must be >= 2 or None, got {self.max_len}")
+        if self.warmup_steps < 1 or self.timed_steps < 1:
+            raise ValueError("need at least one warm-up and one timed step")
+        if self.kind == "generate" and (not self.new_tokens or min(self.new_tokens) < 1):
+            raise ValueError(f"new_tokens must be positive counts, got {self.new_tokens}")
+
+    @classmethod
+    def from_json(cls, text: str) -> "PointSpec":
+        fields = json.loads(text)
+        if "new_tokens" in fields:
+            fields["new_tokens"] = tuple(fields["new_tokens"])
+        return cls(**fields)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def base_record(spec: PointSpec, device: torch.device) -> dict:
+    """The fields every record of a point carries, including the commit and time of the run that measured
+    it: a sweep resumed over several sessions keeps each point's own provenance."""
+    run = results.provenance()
+    return {"point": spec.key(), "model": spec.model, "lora_r": spec.lora_r, "cap_gb": spec.cap_gb,
+            "attn": spec.attn, "device": device.type, "git_commit": run["git_commit"], "measured_at": run["timestamp"]}

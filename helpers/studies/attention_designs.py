@@ -1,0 +1,164 @@
+"""Attention implementations side by side: FLOP counts, timings and peak memory.
+
+FLOPs follow the FlashAttention papers' convention: forward 4·B·H·S_q·S_k·D (two matrix products),
+halved when causal; backward 2.5 times the forward (five products, one of them the recomputation).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..bench import peak_memory_bytes, time_fn
+from ..device import HAS_CUDA
+from ..kernels.flash_attention import attention_reference, flash_attention
+
+IMPLS = ("triton", "naive", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
+
+
+def attention_flops(B: int, H: int, S_q: int, S_k: int, D: int, causal: bool, pass_: str = "fwd") -> float:
+    """FLOPs of one attention call by the FlashAttention papers' convention."""
+    if pass_ not in ("fwd", "bwd", "fwd+bwd"):
+        raise ValueError(f"pass_ must be 'fwd', 'bwd' or 'fwd+bwd', got {pass_!r}")
+    fwd = 4.0 * B * H * S_q * S_k * D * (0.5 if causal else 1.0)
+    return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd+bwd": 3.5 * fwd}[pass_]
+
+
+FORWARD_PRODUCTS = ("S = Q Kᵀ", "O = P V")
+# The S_q x S_k x D matrix products of one attention backward, by design. Standard attention keeps P from the
+# forward; FlashAttention-2 recomputes S once, in the kernel that makes dK and dV (dQ by atomic adds); this
+# course's kernels (helpers/kernels/flash_attention.py) recompute what each needs: the dK/dV kernel S and dP, the
+# dQ kernel S and dP again, so that each program owns its outputs (no atomics).
+BACKWARD_PRODUCTS = {
+    "standard": ("dV = Pᵀ dO", "dP = dO Vᵀ", "dQ = dS K", "dK = dSᵀ Q"),
+    "FlashAttention-2": ("S = Q Kᵀ (recomputed)", "dV = Pᵀ dO", "dP = dO Vᵀ", "dQ = dS K", "dK = dSᵀ Q"),
+    "this course's kernels": ("dK/dV kernel: S = Q Kᵀ (recomputed)", "dK/dV kernel: dV = Pᵀ dO",
+                              "dK/dV kernel: dP = dO Vᵀ", "dK/dV kernel: dK = dSᵀ Q",
+                              "dQ kernel: S = Q Kᵀ (recomputed)", "dQ kernel: dP = dO Vᵀ (recomputed)",
+                              "dQ kernel: dQ = dS K"),
+}
+
+
+def design_matmul_flops(design: str, B: int, H: int, S_q: int, S_k: int, D: int, pass_: str = "bwd") -> float:
+    """Matrix-product FLOPs of one attention pass in one backward ``design`` (a key of
+    :data:`BACKWARD_PRODUCTS`), every product dense (2·S_q·S_k·D a head: no tiles skipped under a causal mask)."""
+    if design not in BACKWARD_PRODUCTS:
+        raise ValueError(f"unknown backward design {design!r}; known: {list(BACKWARD_PRODUCTS)}")
+    if pass_ not in ("bwd", "fwd+bwd"):
+        raise ValueError(f"pass_ must be 'bwd' or 'fwd+bwd', got {pass_!r}")
+    products = len(BACKWARD_PRODUCTS[design]) + (len(FORWARD_PRODUCTS) if pass_ == "fwd+bwd" else 0)
+    return products * 2.0 * B * H * S_q * S_k * D
+
+
+def backward_designs() -> list[dict]:
+    """One row per backward design: its products, and its matrix-product FLOPs over standard attention's, for
+    the backward alone and for forward + backward."""
+    def ratio(design: str, pass_: str) -> float:
+        return design_matmul_flops(design, 1, 1, 1, 1, 1, pass_) / design_matmul_flops("standard", 1, 1, 1, 1, 1,
+                                                                                        pass_)
+    return [{"design": d, "backward products": len(p), "bwd FLOPs / standard's": ratio(d, "bwd"),
+             "fwd+bwd FLOPs / standard's": ratio(d, "fwd+bwd"), "products": "; ".join(p)}
+            for d, p in BACKWARD_PRODUCTS.items()]
+
+
+def _sdpa(backend_name: str) -> Callable:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+               "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[backend_name]
+
+    def run(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
+
+    return run
+
+
+def implementation(name: str) -> Callable:
+    """``f(q, k, v, causal) -> out`` for one of :data:`IMPLS`."""
+    if name == "triton":
+        return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal)
+    if name == "naive":
+        return lambda q, k, v, causal: attention_reference(q, k, v, causal=causal)
+    if name in IMPLS:
+        return _sdpa(name)
+    raise ValueError(f"unknown attention implementation {name!r}; known: {IMPLS}")
+
+
+def make_inputs(B: int, H: int, S: int, D: int, dtype: torch.dtype, H_kv: int | None = None,
+                device: str | None = None, requires_grad: bool = True) -> tuple[torch.Tensor, ...]:
+    """Random q, k, v (B, H[_kv], S, D) and an output gradient dO."""
+    device = device or ("cuda" if HAS_CUDA else "cpu")
+    if torch.device(device).type == "cuda":
+        index = torch.device(device).index
+        _bind_context_in_autograd_thread(torch.cuda.current_device() if index is None else index)
+    H_kv = H_kv or H
+    q = torch.randn(B, H, S, D, device=device, dtype=dtype, requires_grad=requires_grad)
+    k = torch.randn(B, H_kv, S, D, device=device, dtype=dtype, requires_grad=requires_grad)
+    v = torch.randn(B, H_kv, S, D, device=device, dtype=dtype, requires_grad=requires_grad)
+    do = torch.randn(B, H, S, D, device=device, dtype=dtype)
+    return q, k, v, do
+
+
+@functools.cache
+def _bind_context_in_autograd_thread(device_index: int) -> None:
+    """Make the CUDA context current in autograd's worker thread for GPU ``device_index``, once.
+
+    Autograd runs the backward of CUDA tensors in a thread of its own. When the first CUDA call in that thread
+    is cuBLAS's (standard attention's backward starts with matrix products), cuBLAS finds no current context,
+    sets the primary one itself and warns "Attempting to run cuBLAS, but there was no current CUDA context!".
+    One element-wise backward first (its multiply is a kernel launched from that thread) binds the context
+    there, as any CUDA runtime call does, so cuBLAS finds it."""
+    x = torch.ones(1, device=f"cuda:{device_index}", requires_grad=True)
+    (x * 2).sum().backward()
+
+
+def _step(fn: Callable, q, k, v, do, causal: bool, pass_: str) -> Callable[[], object]:
+    if pass_ == "fwd":
+        def run():
+            with torch.no_grad():
+                return fn(q, k, v, causal)
+    else:
+        def run():
+            q.grad = k.grad = v.grad = None
+            fn(q, k, v, causal).backward(do)
+    return run
+
+
+def measure(impl: str, B: int, H: int, S: int, D: int, causal: bool, dtype: torch.dtype, pass_: str,
+            H_kv: int | None = None, **time_kwargs) -> dict:
+    """One results record: time (the median, and ms_p20 / ms_p80, its 20th and 80th percentiles), TFLOP/s and
+    peak extra memory of one implementation on one shape.
+
+    An implementation that runs out of memory or has no kernel for the shape is a result too: its
+    record has ``status`` "oom" or "unsupported" and no time.
+    """
+    if pass_ not in ("fwd", "fwd+bwd"):
+        raise ValueError(f"pass_ must be 'fwd' or 'fwd+bwd' (a timed step always runs the forward), got {pass_!r}")
+    fn = implementation(impl)
+    q, k, v, do = make_inputs(B, H, S, D, dtype, H_kv)
+    record = {"impl": impl, "pass": pass_, "B": B, "H": H, "H_kv": H_kv or H, "S": S, "D": D, "causal": causal,
+              "dtype": str(dtype).removeprefix("torch."), "status": "ok", "ms": None, "tflops": None,
+              "peak_mem_bytes": None, "ms_p20": None, "ms_p80": None}
+    run = _step(fn, q, k, v, do, causal, pass_)
+    try:
+        with (torch.cuda.device(q.device) if HAS_CUDA else contextlib.nullcontext()):
+            record["peak_mem_bytes"] = peak_memory_bytes(run, warmup=True)  # warm-up: autotuning stays out
+            timing = time_fn(run, **time_kwargs)
+    except torch.cuda.OutOfMemoryError:
+        record["status"] = "oom"
+    except RuntimeError as error:  # SDPA: "No available kernel" for a forced backend
+        if "No available kernel" not in str(error) and "not supported" not in str(error).lower():
+            raise
+        record["status"] = "unsupported"
+    else:
+        record["ms"], record["ms_p20"], record["ms_p80"] = timing.ms, timing.ms_p20, timing.ms_p80
+        record["tflops"] = timing.tflops(attention_flops(B, H, S, S, D, causal, pass_))
+    finally:
+        del q, k, v, do, run
+        if HAS_CUDA:
+            torch.cuda.empty_cache()
+    return record

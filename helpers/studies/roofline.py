@@ -1,0 +1,169 @@
+"""The roofline model: attainable FLOP/s = min(peak FLOP/s, intensity x bandwidth); the arithmetic
+intensity of the course's operations; the intensity-dial sweep; the plots.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import torch
+
+from .. import bench, datasheets
+from ..device import DEVICE, HAS_CUDA, gpu_name, pick
+from ..kernels.probes import intensity_dial
+
+
+@dataclass(frozen=True)
+class Roof:
+    """One roofline: a compute ceiling (GFLOP/s) and a memory ceiling (GB/s)."""
+
+    name: str
+    peak_gflops: float
+    bandwidth_gbps: float
+
+    def __post_init__(self) -> None:
+        if not (self.peak_gflops > 0 and self.bandwidth_gbps > 0):
+            raise ValueError(f"{self.name}: peak and bandwidth must be positive, got "
+                             f"{self.peak_gflops}, {self.bandwidth_gbps}")
+
+    @property
+    def ridge(self) -> float:
+        """FLOP per byte where the memory slope meets the compute ceiling."""
+        return self.peak_gflops / self.bandwidth_gbps
+
+    def attainable(self, flops_per_byte: float) -> float:
+        """The most GFLOP/s a kernel of this intensity can reach under this roof."""
+        if flops_per_byte < 0:
+            raise ValueError(f"intensity must be >= 0, got {flops_per_byte}")
+        return min(self.peak_gflops, flops_per_byte * self.bandwidth_gbps)
+
+
+def spec_roof(spec: datasheets.GpuSpec, unit: str = "tensor") -> Roof:
+    """A card's datasheet roof: 16-bit tensor cores ("tensor") or plain fp32 FMA ("fp32")."""
+    if unit not in ("tensor", "fp32"):
+        raise ValueError(f"unit must be 'tensor' or 'fp32', got {unit!r}")
+    peak = spec.tensor_tflops if unit == "tensor" else spec.fp32_tflops
+    return Roof(f"{spec.name} {'bf16 tensor' if unit == 'tensor' else 'fp32'}", peak * 1e3, spec.bandwidth_gbps)
+
+
+def card_spec(stand_in: str = "H200") -> tuple[datasheets.GpuSpec, str]:
+    """This GPU's datasheet row and a note on where it came from; without a GPU (or without a row for
+    it) the row ``stand_in``, labelled as such."""
+    spec = datasheets.lookup(gpu_name()) if HAS_CUDA else None
+    if spec is not None:
+        return spec, f"datasheet row {spec.name!r} for {gpu_name()}"
+    why = "no GPU here" if not HAS_CUDA else f"no datasheet row for {gpu_name()}"
+    return datasheets.by_name(stand_in), f"{why}: datasheet row {stand_in!r} stands in"
+
+
+# FLOPs per element (tanh and exp counted as one operation each): the counting convention of the course.
+GELU_FLOPS = 9  # tanh form: x^3 (2), *0.044715, +x, *sqrt(2/pi), tanh, +1, *x, *0.5
+LAYERNORM_FLOPS = 8  # mean (1), variance (3), normalise (2), scale and shift (2)
+SOFTMAX_FLOPS = 5  # max, subtract, exp, sum, divide
+
+
+def _op(name: str, kind: str, flops: float, nbytes: float, unit: str) -> dict:
+    return {"operation": name, "kind": kind, "flops": float(flops), "bytes": float(nbytes),
+            "flops_per_byte": flops / nbytes, "unit": unit}
+
+
+def _matmul(name: str, m: int, n: int, k: int, itemsize: int) -> dict:
+    return _op(name, "matmul", 2 * m * n * k, itemsize * (m * k + k * n + m * n), "tensor")
+
+
+def operations(tokens: int = 16384, hidden: int = 4096, seq: int = 4096, head_dim: int = 128,
+               square: int = 8192, itemsize: int = 2) -> list[dict]:
+    """FLOPs, minimum bytes and intensity of the course's operations on ``itemsize``-byte (bf16) data.
+
+    Element-wise kernels act on a ``tokens x hidden`` activation; attention is one head's forward
+    pass over ``seq`` tokens of ``head_dim`` (the intensity does not depend on batch or heads).
+    ``square``: the side of the square matmul (notebook 00 measures 8192).
+    ``unit``: which roof applies ("fp32" for CUDA-core math, "tensor" for matrix products)."""
+    if min(tokens, hidden, seq, head_dim, square, itemsize) < 1:
+        raise ValueError("all sizes must be >= 1")
+    e, b = tokens * hidden, itemsize
+    s, d = seq, head_dim
+    return [
+        _op("vector add (x + y)", "elementwise", e, 3 * b * e, "fp32"),
+        _op("naive chain 1: bias add", "elementwise", e, 2 * b * e + b * hidden, "fp32"),
+        _op("naive chain 2: GELU", "elementwise", GELU_FLOPS * e, 2 * b * e, "fp32"),
+        _op("naive chain 3: LayerNorm", "elementwise", LAYERNORM_FLOPS * e, 2 * b * e + 2 * b * hidden, "fp32"),
+        _op("fused bias+GELU+LayerNorm (predicted)", "elementwise",
+            (1 + GELU_FLOPS + LAYERNORM_FLOPS) * e, 2 * b * e + 3 * b * hidden, "fp32"),
+        _op("softmax (rows of S x S scores)", "elementwise", SOFTMAX_FLOPS * s * s, 2 * b * s * s, "fp32"),
+        _matmul(f"matmul square {square}^3", square, square, square, b),
+        _matmul(f"matmul skinny {tokens}x{hidden} @ {hidden}x16", tokens, 16, hidden, b),
+        _matmul(f"decode GEMV 1x{hidden} @ {hidden}x{hidden}", 1, hidden, hidden, b),
+        _op(f"attention naive (S={s}, d={d})", "attention", 4 * s * s * d + SOFTMAX_FLOPS * s * s,
+            b * (2 * s * d + s * s) + b * 2 * s * s + b * (s * s + 2 * s * d), "tensor"),
+        _op(f"attention flash (S={s}, d={d})", "attention", 4 * s * s * d + SOFTMAX_FLOPS * s * s,
+            b * 4 * s * d, "tensor"),
+    ]
+
+
+def dial_sweep(ks: list[int], n_elements: int | None = None, *, block: int = 2048, num_warps: int = 4,
+               progress: bool = True) -> list[dict]:
+    """Time the intensity dial for each k on ``n_elements`` float32 values. Records:
+    ``{"probe": "dial", "dtype": "fp32", "k", "flops_per_byte", "gflops", "gbps", "ms"}``."""
+    if not ks or any(not isinstance(k, int) or k < 0 for k in ks):
+        raise ValueError("ks must be a non-empty list of non-negative ints")
+    n_elements = n_elements or pick(full=2**28, smoke=2**12)
+    x = torch.rand(n_elements, device=DEVICE)
+    out = torch.empty_like(x)
+    records = []
+    items = ks
+    if progress:
+        from tqdm.auto import tqdm
+
+        items = tqdm(ks, desc="intensity dial", leave=False)
+    for k in items:
+        timing = bench.time_fn(lambda: intensity_dial.dial(x, k, out=out, block=block, num_warps=num_warps),
+                               rep_ms=pick(full=100.0, smoke=1.0))
+        flops, nbytes = intensity_dial.flops_and_bytes(n_elements, k)
+        records.append({"probe": "dial", "dtype": "fp32", "k": k, "flops_per_byte": flops / nbytes,
+                        "gflops": flops / timing.ms / 1e6, "gbps": timing.gbps(nbytes), "ms": timing.ms})
+    return records
+
+
+def knee(records: list[dict], memory_fraction: float = 0.9) -> dict:
+    """Where the dial turns from memory-bound to compute-bound, read off its own records:
+    ``asymptotes``: the intensity where its low-intensity bandwidth meets its top FLOP/s;
+    ``bandwidth_drops``: the first intensity whose bandwidth falls under ``memory_fraction`` of the
+    lowest-intensity one."""
+    ordered = sorted(records, key=lambda r: r["flops_per_byte"])
+    if len(ordered) < 2:
+        raise ValueError("need at least two dial records")
+    bw0, top = ordered[0]["gbps"], max(r["gflops"] for r in ordered)
+    drops = next((r["flops_per_byte"] for r in ordered if r["gbps"] < memory_fraction * bw0), math.nan)
+    return {"asymptotes": top / bw0, "bandwidth_drops": drops, "low_gbps": bw0, "top_gflops": top}
+
+
+def plot_roofline(roofs: list[Roof], ax: plt.Axes | None = None, lo: float = 0.05, hi: float = 1e4,
+                  title: str | None = None) -> plt.Axes:
+    """Draw each roof (log-log GFLOP/s against FLOP per byte) with its ridge point marked."""
+    from ..plots import labelled_axes
+
+    ax = labelled_axes(title or "roofline", "arithmetic intensity [FLOP per byte]", "attainable [GFLOP/s]",
+                       logx=True, logy=True, ax=ax)
+    xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    for i, roof in enumerate(roofs):
+        color = f"C{i}"
+        ax.plot(xs, [roof.attainable(x) for x in xs], color=color, lw=1.5, label=roof.name)
+        ax.plot([roof.ridge], [roof.peak_gflops], "o", color=color, ms=5)
+        ax.annotate(f"ridge {roof.ridge:,.0f}", (roof.ridge, roof.peak_gflops), xytext=(4, 6),
+                    textcoords="offset points", fontsize=8, color=color)
+    ax.set_xlim(lo, hi)
+    return ax
+
+
+def generations(names: list[str]) -> list[dict]:
+    """Datasheet compute, bandwidth and FLOP per byte of the cards ``names`` (``helpers.datasheets``)."""
+    rows = []
+    for name in names:
+        s = datasheets.by_name(name)
+        rows.append({"card": s.name, "year": s.year, "16-bit tensor TFLOP/s": s.tensor_tflops,
+                     "fp32 TFLOP/s": s.fp32_tflops, "HBM GB/s": s.bandwidth_gbps,
+                     "tensor FLOP per byte": s.ridge_flops_per_byte,
+                     "fp32 FLOP per byte": s.fp32_tflops * 1e3 / s.bandwidth_gbps})
+    return rows
