@@ -7,11 +7,13 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 import torch
 
 from .device import HAS_CUDA, pick
+
+T = TypeVar("T")
 
 _FLUSH_BYTES = 256 * 2**20  # larger than any L2 in helpers.datasheets
 
@@ -115,6 +117,31 @@ def _summary(times_ms: list[float], timer: str) -> Timing:
     return Timing(statistics.median(ordered), _quantile(ordered, 0.2), _quantile(ordered, 0.8), len(ordered), timer)
 
 
+def capture_graph(fn: Callable[[], T], *, warmup: int = 1, after_each: Callable[[], object] | None = None,
+                  pool: tuple | None = None, device: torch.device | None = None) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Record one call of ``fn`` into a CUDA graph, without running it; the graph and what the recorded call
+    returned (tensors the graph refills at every replay).
+
+    First ``fn`` runs ``warmup`` times on a side stream, as capture requires: lazy initialisation, autotuning,
+    cuBLAS workspaces and allocations happen there, not in the graph. ``after_each()`` runs after every
+    warm-up call, on the side stream: it undoes what a call changed (a position, weights, an optimizer's state)
+    so that the captured call starts where the first warm-up did. ``pool``: a memory pool shared with other
+    graphs (``graph.pool()`` of one captured before).
+    """
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+            if after_each is not None:
+                after_each()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
+
+
 def time_in_graph(calls: Sequence[Callable[[], object]], reps: int = 20) -> Timing:
     """Time a stream of calls as a decoder runs them: captured once, in order, into one CUDA graph
     (no launch gaps from the CPU), the graph replayed ``reps`` times; ms per call, median over replays.
@@ -134,14 +161,7 @@ def time_in_graph(calls: Sequence[Callable[[], object]], reps: int = 20) -> Timi
     if not HAS_CUDA:
         t = time_fn(run_all, warmup_ms=0, rep_ms=1, min_reps=reps, max_reps=reps)
         return Timing(t.ms / len(calls), t.ms_p20 / len(calls), t.ms_p80 / len(calls), t.reps, t.timer)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up (compilation, allocations) on a side stream, as capture requires
-        run_all()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run_all()
+    graph, _ = capture_graph(run_all)
     graph.replay()
     times = []
     for _ in range(reps):

@@ -174,7 +174,7 @@ def test_memory_wall_follows_the_datasheets(monkeypatch):
     def by_name(name):
         row = real(name)
         return row if name not in slow_v100 else type(row)(**{**row.__dict__, **slow_v100[name]})
-    monkeypatch.setattr(claims.specs, "by_name", by_name)
+    monkeypatch.setattr(claims.datasheets, "by_name", by_name)
     assert judge("memory-wall", {}).verdict == CONFIRMED
 
 
@@ -266,7 +266,7 @@ def test_ada_generation_confirmed_when_the_projection_favours_the_ada(monkeypatc
     def by_name(name, ada_bandwidth=5000.0):  # an Ada with more bandwidth than the A100: the claim must then hold
         row = real(name)
         return type(row)(**{**row.__dict__, "bandwidth_gbps": ada_bandwidth}) if name == "RTX 6000 Ada" else row
-    monkeypatch.setattr(claims.specs, "by_name", by_name)
+    monkeypatch.setattr(claims.datasheets, "by_name", by_name)
     growing = [(64, 0.01, 0.02), (1024, 0.02, 0.02), (2048, 0.04, 0.02)]
     assert judge("ada-generates-faster", _parts(decode=growing)).verdict == CONFIRMED
     flat = [(64, 0.02, 0.0), (1024, 0.02, 0.0)]
@@ -279,7 +279,7 @@ def test_ada_generation_refuted_when_both_scalings_favour_the_a100(monkeypatch):
     def by_name(name):  # an Ada with the A100's clock: slower under either scaling of the device's time
         row = real_spec(name)
         return type(row)(**{**row.__dict__, "boost_mhz": 1000}) if name == "RTX 6000 Ada" else row
-    monkeypatch.setattr(claims.specs, "by_name", by_name)
+    monkeypatch.setattr(claims.datasheets, "by_name", by_name)
     assert judge("ada-generates-faster", _parts(decode=[(64, 0.01, 0.02), (1024, 0.012, 0.02)])).verdict == REFUTED
 
 

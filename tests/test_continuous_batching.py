@@ -6,7 +6,8 @@ import helpers  # noqa: F401  (first: sets the Triton interpreter up on a machin
 from helpers.llama.decoding import Decoder
 from helpers.llama.memory_caps import GiB, context_bytes
 from helpers.llama.models import build_model
-from helpers.llama.paged_decoding import PagedDecoder, course_kernels, torch_paged_attention
+from helpers.llama.kernel_set import torch_paged_attention
+from helpers.llama.paged_decoding import PagedDecoder, course_kernels
 from helpers.studies.continuous_batching import (batch_decode_sweep, batched_logits_check, dataset_requests,
                                                  measured_capacity, poisson_arrivals, serve)
 from helpers.llama.page_pool import OutOfPages

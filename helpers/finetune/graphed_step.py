@@ -16,8 +16,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..llama.patching import refuse_left_padding
+from ..bench import capture_graph
 from ..llama.data import PAD_ID
+from ..llama.patching import refuse_left_padding
 
 
 def pad_width(batch: dict[str, torch.Tensor], multiple: int) -> dict[str, torch.Tensor]:
@@ -97,23 +98,19 @@ class GraphedTrainStep:
         weights = [p.detach().clone() for p in self.params]
         moments = {(i, k): v.clone() for i, p in enumerate(self.params)
                    for k, v in self.optimizer.state.get(p, {}).items()}
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # autotuning, cuBLAS workspaces, AdamW's state: all before the capture
-            for _ in range(self.warmup):
-                self._eager(static)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        self.grads = [p.grad for p in self.params]
-        if any(g is None for g in self.grads):
-            raise ValueError("a trainable parameter got no gradient in the warm-up step; freeze it or use it")
-        with torch.no_grad():  # undo the warm-up (AdamW's first state is zeros, its step count 0)
-            for i, (p, w) in enumerate(zip(self.params, weights)):
-                p.copy_(w)
-                for k, v in self.optimizer.state[p].items():
-                    v.copy_(moments[(i, k)]) if (i, k) in moments else v.zero_()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            loss = self._eager(static)
+        def undo() -> None:  # the warm-up step's update undone (AdamW's first state is zeros, its step count 0)
+            self.grads = [p.grad for p in self.params]
+            if any(g is None for g in self.grads):
+                raise ValueError("a trainable parameter got no gradient in the warm-up step; freeze it or use it")
+            with torch.no_grad():
+                for i, (p, w) in enumerate(zip(self.params, weights)):
+                    p.copy_(w)
+                    for k, v in self.optimizer.state[p].items():
+                        v.copy_(moments[(i, k)]) if (i, k) in moments else v.zero_()
+
+        # autotuning, cuBLAS workspaces, AdamW's state: all made in the warm-up, before the capture
+        graph, loss = capture_graph(lambda: self._eager(static), warmup=self.warmup, after_each=undo,
+                                    pool=self.pool, device=self.device)
         self.pool = graph.pool()
         self.graphs[shape] = (graph, static, loss)
 

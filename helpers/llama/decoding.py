@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..bench import capture_graph
+
 Linear = Callable[[torch.Tensor, nn.Module], torch.Tensor]
 LinearGroup = Callable[[torch.Tensor, tuple[nn.Module, ...]], list[torch.Tensor]]  # several projections of one x
 Norm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -191,17 +193,12 @@ class Decoder(LlamaLayers):
 
     def _capture(self) -> torch.cuda.CUDAGraph:
         start, tokens = self.pos.clone(), self.tokens.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):  # warm-up outside the graph: lazy initialisation, autotuning, workspaces
-                self._step()
-                self.pos.copy_(start)  # at the same position each time: never past the cache's end
-            self.tokens.copy_(tokens)  # a greedy warm-up step replaced the token
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):  # records one step without running it
-            self._step()
+
+        def undo() -> None:  # at the same position each time (never past the cache's end), the same token
+            self.pos.copy_(start)
+            self.tokens.copy_(tokens)  # a greedy warm-up step replaced it
+
+        graph, _ = capture_graph(self._step, warmup=2, after_each=undo)
         return graph
 
     @torch.no_grad()

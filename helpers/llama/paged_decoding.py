@@ -14,55 +14,28 @@ boundary), and the paged kernel attends each request over its own length.
 """
 from __future__ import annotations
 
-from typing import Callable, Hashable, Mapping, Sequence
+from typing import Hashable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.nf4_dequant import dequant_linear
-from ..kernels.nf4_gemv import nf4_operands
-from ..kernels.paged_decode_attention import paged_decode_attention, paged_reference
+from ..bench import capture_graph
+from . import kernel_set
 from .decoding import (AddNorm, Linear, LinearGroup, LlamaLayers, Norm, SwigluLinear, module_linear, rotate,
                        torch_rms_norm)
+from .kernel_set import PagedAttention, triton_paged_attention
 from .page_pool import PAGE_TOKENS, OutOfPages, PagePool
 
 NF4_ROWS = 16  # the rows a step sends through the nf4 kernels; more go through the dequantised weights
 BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)  # batch sizes a CUDA graph is captured for
 
-# (q (B, H, 1, D), k_pages, v_pages (num_pages, H_kv, page_tokens, D), block_table (B, W), lengths (B,)) -> (B, H, 1, D)
-PagedAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def triton_paged_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
-                           lengths: torch.Tensor) -> torch.Tensor:
-    """The Triton paged kernel, its host-side block-table check skipped (the decoder's pool keeps it in range)."""
-    return paged_decode_attention(q, k_pages, v_pages, block_table, lengths, check=False)
-
-
-def torch_paged_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
-                          lengths: torch.Tensor) -> torch.Tensor:
-    """The same attention in PyTorch (float64, ``serving.paged_reference``), in q's dtype: the path to check against."""
-    return paged_reference(q, k_pages, v_pages, block_table, lengths).to(q.dtype)
-
-
-def dequant_nf4_linear(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
-    """x through a quantised ``Linear4bit``: its weight dequantised once (``nf4_dequant``), then one matmul;
-    the path for more rows than the nf4 matrix-vector kernels take, where the product is compute-bound."""
-    return dequant_linear(x, nf4_operands(module.weight), module.bias)
-
 
 def course_kernels(max_rows: int = NF4_ROWS) -> dict:
-    """The hooks of notebook 07's fastest rung for a :class:`PagedDecoder` (nf4 kernels, fused RMSNorm,
-    SwiGLU and residual add) up to ``max_rows`` rows (at most ``nf4_gemv.MAX_M``), and past them the
+    """The hooks of the course's kernel set (``kernel_set.COURSE``: nf4 kernels, fused RMSNorm, SwiGLU and
+    residual add, the paged kernel) up to ``max_rows`` rows (at most ``nf4_gemv.MAX_M``), and past them the
     weights dequantised once a step."""
-    from ..studies.decoding_ladder import VARIANTS, rung_kernels
-    from ..kernels.nf4_gemv import MAX_M
-
-    if not 1 <= max_rows <= MAX_M:
-        raise ValueError(f"max_rows must be 1 ... {MAX_M} (the nf4 kernels' rows), got {max_rows}")
-    hooks = {k: v for k, v in rung_kernels(VARIANTS[-1]).items() if k not in ("rope", "attention")}
-    return {**hooks, "max_rows": max_rows, "wide_linear": dequant_nf4_linear}
+    return kernel_set.COURSE.paged_hooks(max_rows)
 
 
 def _heads(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -80,7 +53,7 @@ class PagedDecoder:
     ``swiglu_linear``, ``norm``, ``add_norm``). ``max_rows``: the most rows the linear hooks take (the
     nf4 kernels': ``nf4_gemv.MAX_M``); a forward over more rows (a larger batch, a long prompt) computes
     every projection with ``wide_linear`` (default: the module's own forward). ``attention``: a
-    :data:`PagedAttention` (default: the Triton kernel; :func:`torch_paged_attention` to check it).
+    :data:`PagedAttention` (default: the Triton kernel; ``kernel_set.torch_paged_attention`` to check it).
     ``graph=True`` (CUDA only): a step of B requests replays a CUDA graph captured once for the smallest
     of ``BUCKETS`` >= B, the batch padded with rows that write only to a spare page; more than
     ``BUCKETS[-1]`` requests step without a graph.
@@ -220,15 +193,7 @@ class PagedDecoder:
         so the warm-up steps write nothing but the spare page."""
         device = self.layers.device
         static = {k: t.to(device) for k, t in self._inputs([], [], rows, self.pool.max_pages_per_request).items()}
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):  # warm-up outside the graph: lazy initialisation, compilation, workspaces
-                self._decode(**static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._graph_pool):  # records one step without running it
-            logits = self._decode(**static)
+        graph, logits = capture_graph(lambda: self._decode(**static), warmup=2, pool=self._graph_pool)
         return graph, static, logits
 
     @torch.no_grad()

@@ -1,4 +1,5 @@
-"""Put the course's kernels into a Hugging Face Llama model (the kernels themselves live in ``helpers.kernels``).
+"""Put the course's kernels into a Hugging Face Llama model for training (which kernel takes which part:
+``kernel_set.COURSE``, read each time the patched model runs).
 
     use_course_kernels(model)   # FlashAttention (notebook 05), the fused RMSNorm, rotary, SwiGLU and nf4 layers
 
@@ -22,6 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.rms_norm import FusedRMSNorm
+from . import kernel_set
+
 COURSE, SDPA_BF16 = "course", "sdpa_bf16"  # a name with "flash" in it would send transformers to the hub
 
 
@@ -40,12 +44,10 @@ def _attention_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 def course_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                      **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature around ``flash_attention``: q (B, H, S, D), k and v
-    (B, H_kv, S_k, D) in; (B, S, H, D) out, no attention weights."""
-    from ..kernels.flash_attention import flash_attention
-
+    """transformers' attention-function signature around the kernel set's ``flash_attention``: q (B, H, S, D),
+    k and v (B, H_kv, S_k, D) in; (B, S, H, D) out, no attention weights."""
     query, key, value, dtype = _attention_inputs(query, key, value, dropout, kwargs)
-    out = flash_attention(query, key, value, causal=True, scale=scaling)
+    out = kernel_set.COURSE.flash_attention(query, key, value, causal=True, scale=scaling)
     return out.to(dtype).transpose(1, 2).contiguous(), None
 
 
@@ -90,17 +92,22 @@ def use_attention(model: nn.Module, name: str = COURSE) -> None:
     base.register_forward_pre_hook(_refuse_left_padding, with_kwargs=True)
 
 
+class CourseRMSNorm(FusedRMSNorm):
+    """The fused kernel's drop-in for ``LlamaRMSNorm``, computed by the kernel set's ``norm``."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return kernel_set.COURSE.norm(hidden_states, self.weight, self.variance_epsilon)
+
+
 def use_course_rms_norm(model: nn.Module) -> int:
-    """Replace every ``LlamaRMSNorm`` in ``model`` by the fused kernel's module (sharing its weight);
+    """Replace every ``LlamaRMSNorm`` in ``model`` by the kernel set's norm (a module sharing its weight);
     returns how many were replaced."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-    from ..kernels.rms_norm import FusedRMSNorm
 
     targets = [(name, module) for name, module in model.named_modules() if isinstance(module, LlamaRMSNorm)]
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, FusedRMSNorm.from_llama(module))
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, CourseRMSNorm.from_llama(module))
     return len(targets)
 
 
@@ -138,13 +145,11 @@ def _with_course_rotary(forward):
 
 def course_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                           unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """transformers' ``apply_rotary_pos_emb`` signature around ``kernels.rotary.rotary``."""
-    from ..kernels.rotary import rotary
-
+    """transformers' ``apply_rotary_pos_emb`` signature around the kernel set's ``rotary``."""
     if unsqueeze_dim != 1:
         raise ValueError(f"the course's rotary kernel takes q and k as (B, H, S, D) (unsqueeze_dim=1), "
                          f"got unsqueeze_dim={unsqueeze_dim}")
-    return rotary(q, k, cos, sin)
+    return kernel_set.COURSE.rotary(q, k, cos, sin)
 
 
 def use_course_rotary(model: nn.Module) -> int:
@@ -160,9 +165,7 @@ def use_course_rotary(model: nn.Module) -> int:
 
 
 def _course_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
-    from ..kernels.swiglu import swiglu
-
-    return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+    return self.down_proj(kernel_set.COURSE.swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
 def use_course_swiglu(model: nn.Module) -> int:
@@ -184,17 +187,15 @@ def use_course_swiglu(model: nn.Module) -> int:
 
 def _course_nf4_forward(self, x: torch.Tensor) -> torch.Tensor:
     """``Linear4bit.forward``'s contract (x cast to the compute dtype, the result back to x's) through the
-    course's one-launch dequantisation and one autograd function."""
-    from ..kernels.nf4_dequant import dequant_linear
-
+    course's one-launch dequantisation and one autograd function (the kernel set's ``nf4_linear``)."""
     dtype = self.compute_dtype or x.dtype
     bias = None if self.bias is None else self.bias.to(dtype)
-    return dequant_linear(x.to(dtype), self.course_nf4, bias).to(x.dtype)
+    return kernel_set.COURSE.nf4_linear(x.to(dtype), self.course_nf4, bias).to(x.dtype)
 
 
 def use_course_nf4(model: nn.Module) -> int:
     """Make every bitsandbytes ``Linear4bit`` (nf4) of ``model`` compute through
-    ``kernels.nf4_dequant.dequant_linear`` (its weight checked once here); returns how many. Refuses,
+    the kernel set's ``nf4_linear`` (its weight checked once here); returns how many. Refuses,
     changing nothing, if any weight is not one the kernel reads."""
     import bitsandbytes as bnb
 

@@ -14,7 +14,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..llama.decoding import Decoder, module_linear, torch_rms_norm, torch_rope_cache
+from ..llama import kernel_set
+from ..llama.decoding import Decoder
 
 VARIANTS = ("stock generate", "static cache", "static cache + CUDA graph", "+ fused nf4 GEMV", "+ fused RMSNorm",
             "+ fused rotary & KV write", "+ fused SwiGLU & residual add", "+ attention over the live cache")
@@ -23,20 +24,16 @@ VARIANTS = ("stock generate", "static cache", "static cache + CUDA graph", "+ fu
 PROMPT_LEN, NEW_TOKENS = 16, 128  # the ladder's prompt and new tokens at full scale (notebook 07's settings)
 
 
-def rung_kernels(variant: str) -> dict[str, Callable]:
-    """The Decoder hooks of a rung: each rung keeps the kernels of the one before it."""
-    from ..kernels.decode_attention import decode_attention
-    from ..kernels.nf4_gemv import nf4_linear, nf4_linear_group
-    from ..kernels.rms_norm import add_rms_norm, rms_norm
-    from ..kernels.rope_cache import rope_cache
+# the first rung at which each Decoder hook is the course's kernel (kernel_set.COURSE) instead of the stock one
+FIRST_RUNG = {"linear": 3, "linear_group": 3, "norm": 4, "rope": 5, "swiglu_linear": 6, "add_norm": 6, "attention": 7}
 
+
+def rung_kernels(variant: str) -> dict[str, Callable]:
+    """The Decoder hooks of a rung: each rung keeps the kernels of the one before it and takes one more part
+    of the model from ``kernel_set.COURSE``; the rest stays ``kernel_set.STOCK``'s."""
     rung = VARIANTS.index(variant)
-    fused_mlp = rung >= 6  # silu(gate) * up made as the down projection reads it; residual add and norm in one
-    return {"linear": nf4_linear if rung >= 3 else module_linear,
-            "linear_group": nf4_linear_group if rung >= 3 else None,  # q, k, v in one launch; gate and up in one
-            "swiglu_linear": (lambda gate, up, module: nf4_linear(up, module, gate=gate)) if fused_mlp else None,
-            "norm": rms_norm if rung >= 4 else torch_rms_norm, "add_norm": add_rms_norm if fused_mlp else None,
-            "rope": rope_cache if rung >= 5 else torch_rope_cache, "attention": decode_attention if rung >= 7 else None}
+    course, stock = kernel_set.COURSE.decoder_hooks(), kernel_set.STOCK.decoder_hooks()
+    return {part: (course if rung >= first else stock)[part] for part, first in FIRST_RUNG.items()}
 
 
 def decoder(model: nn.Module, variant: str, max_len: int, batch_size: int = 1) -> Decoder:
