@@ -41,9 +41,10 @@ class Claim:
 
 
 def committed(topic: str, gpu: str) -> results.Result | None:
-    """The committed results file ``results/<gpu>/<topic>.json``, or None where there is none."""
+    """The committed results file ``results/<gpu>/<topic>.json``; where ``gpu`` has not measured ``topic``, the
+    reference H100's, else the H200's (``results.source_gpu``); None where no GPU has."""
     try:
-        return results.load(topic, gpu=gpu)
+        return results.load(topic, gpu=results.source_gpu(topic, prefer=gpu))
     except FileNotFoundError:
         return None
 
@@ -480,12 +481,13 @@ CLAIMS: tuple[Claim, ...] = (
 
 
 def default_gpu() -> str:
-    """This GPU's results folder at full scale when it has results, else the committed H200 run's."""
+    """This GPU's results folder at full scale when it has results, else the reference H100's (a topic a
+    folder lacks is read from the reference, then the H200: ``committed``)."""
     if SCALE == "full":
         mine = results.gpu_slug()
         if (results.results_dir() / mine).is_dir():
             return mine
-    return "h200"
+    return results.REFERENCE_GPU
 
 
 def verdicts(gpu: str | None = None, load: Loader = committed) -> dict[str, Verdict]:
@@ -509,17 +511,26 @@ def table(notebook: str | None = None, gpu: str | None = None, load: Loader = co
     for c in CLAIMS:
         if notebook is not None and notebook not in c.notebooks:
             continue
-        v = c.judge(load, gpu)
+        read: list[str] = []
+
+        def recorded(topic: str, folder: str) -> results.Result | None:
+            res = load(topic, folder)
+            if res is not None:
+                read.append(f"{res.path.parent.name}/{res.path.name} ({res.provenance.get('gpu', '?')})")
+            return res
+
+        v = c.judge(recorded, gpu)
         rows.append({"claim": c.text, "seed": c.seed, "notebooks": ", ".join(c.notebooks),
                      "verdict": f"{v.verdict}: {v.why}" if v.why else v.verdict, "rule": v.rule,
-                     "evidence": _evidence_text(v.evidence)})
+                     "evidence": _evidence_text(v.evidence), "read": ", ".join(dict.fromkeys(read))})
     return pd.DataFrame(rows)
 
 
 def show(notebook: str | None = None, gpu: str | None = None) -> None:
     """Print the claims that ``notebook`` tests (or all), each with its verdict, the rule and the evidence."""
     gpu = gpu or default_gpu()
-    print(f"Seed claims judged from results/{gpu}/ (the rule beside each verdict):")
+    print(f"Seed claims judged from results/{gpu}/ (a topic it lacks: the reference H100's, else the H200's; "
+          "the rule beside each verdict):")
     for row in table(notebook, gpu).itertuples():
         print(f"\n* {row.claim} ({row.seed}; notebook {row.notebooks})\n  verdict: {row.verdict}\n"
-              f"  rule: {row.rule}\n  evidence: {row.evidence or '-'}")
+              f"  rule: {row.rule}\n  evidence: {row.evidence or '-'}\n  read: {row.read or '-'}")

@@ -138,6 +138,22 @@ def _check_records(records: list[dict]) -> None:
                                 "(str, int, float, bool or None)")
 
 
+REFERENCE_GPU = "h100-80gb-hbm3"  # the course's reference run: every notebook executed on one H100 80GB
+SECOND_GPU = "h200"  # the same chip with faster memory, for the side-by-side comparison
+
+
+def source_gpu(topic: str, prefer: str | None = None) -> str:
+    """The GPU folder a committed ``topic`` is read from: ``prefer`` (default: this GPU's) where it holds the
+    topic, else the reference H100's, else the H200's. FileNotFoundError names the folders that hold it."""
+    _check_topic(topic)
+    folders = [prefer or gpu_slug(), REFERENCE_GPU, SECOND_GPU]
+    for gpu in folders:
+        if path_for(topic, gpu, "full").exists():
+            return gpu
+    known = sorted(p.parent.name for p in results_dir("full").glob(f"*/{topic}.json"))
+    raise FileNotFoundError(f"no results for topic {topic!r} in {folders}; available for: {known or 'no GPU yet'}")
+
+
 def path_for(topic: str, gpu: str | None = None, scale: str | None = None) -> Path:
     """The file that holds ``topic`` for ``gpu`` (a slug such as "h200"; this machine's by default)."""
     _check_topic(topic)

@@ -63,6 +63,22 @@ def test_missing_topic_names_what_exists(tmp_results):
         results.load("ceilings", gpu="l4")
 
 
+def test_a_topic_is_read_from_this_gpu_then_the_reference_then_the_h200(tmp_results):
+    def write(gpu, topic):
+        (tmp_results / gpu).mkdir(exist_ok=True)
+        (tmp_results / gpu / f"{topic}.json").write_text(json.dumps({"provenance": {}, "records": [{"a": 1}]}))
+
+    write("h200", "finetune")
+    write("h200", "ceilings")
+    write(results.REFERENCE_GPU, "ceilings")
+    write("l4", "ceilings")
+    assert results.source_gpu("ceilings", prefer="l4") == "l4"
+    assert results.source_gpu("ceilings", prefer="a10") == results.REFERENCE_GPU
+    assert results.source_gpu("finetune", prefer="l4") == "h200"
+    with pytest.raises(FileNotFoundError, match="no results for topic 'serving'"):
+        results.source_gpu("serving", prefer="l4")
+
+
 def test_smoke_runs_never_write_into_committed_results(monkeypatch):
     monkeypatch.delenv("COURSE_RESULTS_DIR", raising=False)
     assert results.results_dir("full") == results.REPO_ROOT / "results"
