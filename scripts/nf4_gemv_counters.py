@@ -14,18 +14,23 @@ launch reads its weight from HBM.
 """
 from __future__ import annotations
 
+import re
 import sys
 
 import torch
 
 from helpers import ncu
 from helpers.studies.decoding_ladder import LLAMA_7B_SHAPES, nf4_weights
-from helpers.kernels.nf4_gemv import config_for, nf4_matmul, nf4_operands
+from helpers.kernels.nf4_format import nf4_operands
+from helpers.kernels.nf4_gemv import config_for, nf4_matmul
 
 METRICS = {**ncu.KERNEL_METRICS,  # record field -> ncu metric
            "alu_pipe_pct": "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active",
            "fma_pipe_pct": "sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active"}
 LAUNCHES = 2  # per shape: the first compiles, the second is kept
+# the fused kernels: the one-row and the tile kernel (_nf4_matmul_row_kernel, _nf4_matmul_tile_kernel), and the
+# single kernel they were split from (_nf4_matmul_kernel, the name in earlier saved runs)
+KERNEL_REGEX = r"_nf4_matmul_(row_|tile_)?kernel"
 
 
 def launch() -> None:
@@ -43,7 +48,7 @@ def launch() -> None:
 def parse(text: str) -> list[dict]:
     """ncu's ``--csv --page raw --print-units base`` output -> one record per kept launch: the fields of METRICS
     (the time in microseconds), the shape, instructions per weight."""
-    rows = [r for r in ncu.raw_rows(text) if "_nf4_matmul_kernel" in r["Kernel Name"]]
+    rows = [r for r in ncu.raw_rows(text) if re.search(KERNEL_REGEX, r["Kernel Name"])]
     if len(rows) != LAUNCHES * len(LLAMA_7B_SHAPES):
         raise RuntimeError(f"expected {LAUNCHES * len(LLAMA_7B_SHAPES)} profiled launches, found {len(rows)}")
     records = []
@@ -77,4 +82,4 @@ def add_configs(records: list[dict]) -> None:
 
 if __name__ == "__main__":
     sys.exit(ncu.script_main(__file__, "nf4_gemv_counters", "the nf4 kernel", launch, parse, show, add_configs,
-                             metrics=list(METRICS.values()), kernel_regex="_nf4_matmul_kernel"))
+                             metrics=list(METRICS.values()), kernel_regex=KERNEL_REGEX))

@@ -22,7 +22,8 @@ import bitsandbytes as bnb  # noqa: E402
 import bitsandbytes.functional as bnbf  # noqa: E402  (imports Triton)
 import triton  # noqa: E402
 from helpers.studies.decoding_ladder import LLAMA_7B_SHAPES, nf4_gemv_bytes, nf4_weights  # noqa: E402
-from helpers.kernels.nf4_gemv import Config, config_for, nf4_matmul, nf4_operands  # noqa: E402
+from helpers.kernels.nf4_format import nf4_operands  # noqa: E402
+from helpers.kernels.nf4_gemv import Config, config_for, nf4_matmul  # noqa: E402
 
 # one pipeline stage only: three stages were never among the fastest on the H200 in earlier sweeps;
 # long K tiles without a split save the partial sums' second kernel

@@ -15,7 +15,7 @@ import helpers  # first: on a machine without a GPU it sets the Triton interpret
 from helpers import bench, require_cuda
 from helpers.llama.models import random_nf4_linear
 from helpers.kernels.nf4_dequant import nf4_dequantize
-from helpers.kernels.nf4_gemv import nf4_operands
+from helpers.kernels.nf4_format import nf4_operands
 from helpers.llama.patching import use_course_nf4
 
 

@@ -10,7 +10,7 @@ import torch
 import helpers  # first: sets TRITON_INTERPRET before bitsandbytes imports Triton
 import bitsandbytes.functional as BF
 from helpers.kernels.nf4_dequant import dequant_linear, nf4_dequantize
-from helpers.kernels.nf4_gemv import nf4_operands
+from helpers.kernels.nf4_format import nf4_operands
 
 DEV = helpers.DEVICE
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

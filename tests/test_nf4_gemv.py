@@ -15,6 +15,7 @@ import bitsandbytes.functional as BF
 import triton
 import triton.language as tl
 from helpers.kernels import nf4_gemv as K
+from helpers.kernels import nf4_ptx as P
 from numerics import rel_err
 
 DEV = helpers.DEVICE
@@ -222,8 +223,8 @@ def byte_planes(dtype):
 @triton.jit
 def _planes_kernel(CODE, OUT, DTYPE: tl.constexpr):
     for i in tl.static_range(4):
-        tl.store(OUT + i, K._plane(CODE, 4 * i, 0, DTYPE))
-        tl.store(OUT + 4 + i, K._plane(CODE, 4 * i, 1, DTYPE))
+        tl.store(OUT + i, P._plane(CODE, 4 * i, 0, DTYPE))
+        tl.store(OUT + 4 + i, P._plane(CODE, 4 * i, 1, DTYPE))
 
 
 @pytest.mark.parametrize("dtype,tl_dtype", [(torch.bfloat16, tl.bfloat16), (torch.float16, tl.float16),
@@ -316,7 +317,7 @@ WORDS += [0x76543210, 0xFEDCBA98, 0, 0xFFFFFFFF]  # every code in every position
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_dequant_ptx_looks_up_every_code_in_storage_order(dtype):
     """The table in fp16; for bf16 each value times the fp32 scale in fp32, rounded once to bf16."""
-    ptx = K._dequant_ptx(dtype)
+    ptx = P._dequant_ptx(dtype)
     planes = {f"${10 + i}": p for i, p in enumerate(byte_planes(torch.float16))}
     table = BF.get_4bit_type("nf4", device="cpu").to(torch.float16).float()
     for scale in (1.0, 0.0371, 3.3e-3) if dtype == torch.bfloat16 else (1.0,):
@@ -340,7 +341,7 @@ def test_row_table_is_within_half_a_bf16_step():
 def test_dot_ptx_sums_the_products_of_a_word(x_dtype):
     table = [_f32(_row_bits(v)) for v in BF.get_4bit_type("nf4", device="cpu").float().tolist()]
     planes = {f"${10 + i}": p for i, p in enumerate(byte_planes(torch.float32))}
-    ptx = K._dot_ptx()
+    ptx = P._dot_ptx()
     gen = torch.Generator().manual_seed(1)
     for word in WORDS[:100]:
         x = torch.randn(8, generator=gen).to(x_dtype).double()
@@ -445,15 +446,41 @@ def test_table_in_memory_matches_float64(cfg, dtype, poisoned):
 
 def test_compiled_variants_report_the_registers_of_what_ran():
     from helpers.kernels import compiled_variants
+    from helpers.kernels.nf4_matvec import _nf4_matmul_row_kernel
 
     packed, state = quantize(37, 320)
     K.nf4_matmul(randn(1, 320, dtype=torch.bfloat16), (packed, state))
-    variants = compiled_variants(K._nf4_matmul_kernel)
+    variants = compiled_variants(_nf4_matmul_row_kernel)  # one row of bf16 x: the one-row kernel
     if helpers.device.INTERPRET:  # nothing is compiled in the interpreter
         assert variants == []
     else:
-        one_row = [v for v in variants if v.get("BLOCK_M") == 1]
-        assert one_row and all(0 < v["registers"] <= 255 and v["num_warps"] >= 1 for v in one_row)
+        assert variants and all(0 < v["registers"] <= 255 and v["num_warps"] >= 1 for v in variants)
+
+
+class _Launches:
+    """Stands in for a kernel: records its name at each launch, then launches it."""
+
+    def __init__(self, kernel, name, launched):
+        self.kernel, self.name, self.launched = kernel, name, launched
+
+    def __getitem__(self, grid):
+        self.launched.append(self.name)
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("m,dtype,kernel", [(1, torch.bfloat16, "row"), (1, torch.float32, "row"),
+                                             (1, torch.float16, "tile"), (2, torch.bfloat16, "tile"),
+                                             (3, torch.float32, "tile")])
+def test_one_row_of_bf16_or_fp32_x_takes_the_one_row_kernel(m, dtype, kernel, monkeypatch):
+    """One row of bf16 or fp32 x: the CUDA-core kernel; fp16 x or more rows: the tensor-core kernel."""
+    launched = []
+    for name in ("row", "tile"):
+        attr = f"_nf4_matmul_{name}_kernel"
+        monkeypatch.setattr(K, attr, _Launches(getattr(K, attr), name, launched))
+    packed, state = quantize(37, 64)
+    x = randn(m, 64, dtype=dtype)
+    assert rel_err(K.nf4_matmul(x, (packed, state)), reference(x, packed, state)) < TOL[dtype]
+    assert launched == [kernel]
 
 
 @pytest.mark.gpu

@@ -14,13 +14,15 @@ spec.loader.exec_module(counters)
 
 def ncu_csv(launches: int) -> str:
     """ncu's ``--csv --page raw`` layout: program output and ==PROF== lines, a header, a units row, a row a
-    launch; launch i's metric j holds 1000 (i + 1) + j."""
+    launch; launch i's metric j holds 1000 (i + 1) + j. Other kernels' rows (the plain kernel of rung 1, the
+    partial sums' kernel) come first and last, and must be left out."""
     metrics = list(counters.METRICS.values())
     head = ["ID", "Kernel Name", *metrics]
     lines = ["==PROF== Connected to process", "some program output",
              ",".join(f'"{h}"' for h in head), ",".join('""' if i < 2 else '"%"' for i in range(len(head)))]
-    for i in range(launches):
-        values = [str(i), "_nf4_matmul_kernel", *[f"{1000 * (i + 1) + j:,}" for j in range(len(metrics))]]
+    names = ["_nf4_matvec_kernel", *["_nf4_matmul_row_kernel"] * launches, "_sum_splits_kernel"]
+    for i, name in enumerate(names):
+        values = [str(i), name, *[f"{1000 * i + j:,}" for j in range(len(metrics))]]
         lines.append(",".join(f'"{v}"' for v in values))
     return "\n".join(lines) + "\n"
 

@@ -5,7 +5,7 @@ import torch
 import helpers  # first: sets TRITON_INTERPRET before bitsandbytes imports Triton
 import bitsandbytes.functional as BF
 from helpers.kernels.teaching import nf4_gemv_simple as S
-from helpers.kernels.nf4_gemv import nf4_operands
+from helpers.kernels.nf4_format import nf4_operands
 from numerics import rel_err
 
 DEV = helpers.DEVICE

@@ -2,12 +2,12 @@
 
 A training step multiplies thousands of rows by each weight, so the matmul itself is compute-bound and
 belongs to cuBLAS: the weight is dequantised to the compute dtype first, used, and dropped (the
-decoding kernel of ``nf4_gemv`` fuses the two because there the bytes are what costs). bitsandbytes
+decoding kernels of ``nf4_gemv`` fuse the two because there the bytes are what costs). bitsandbytes
 does that in two launches for a weight with nested statistics (its uint8 block scales to fp32, then
 the codes), each behind several layers of Python; the same ``Linear4bit`` runs three times a step
-under gradient checkpointing (forward, recomputed forward, backward). Notebook 07 measured the QLoRA
-step as paced by the host, so here the storage layout of ``nf4_gemv`` (see its docstring) is decoded
-in one launch, nested scales included, and the layer is one ``autograd.Function``.
+under gradient checkpointing (forward, recomputed forward, backward). The QLoRA step is paced by the
+host (notebook 07), so here the storage layout of ``nf4_format`` (see its docstring) is decoded in one
+launch, nested scales included, and the layer is one ``autograd.Function``.
 
 ``nf4_dequantize(ops, dtype)``: ``W[i] = code[q_i] * absmax[i // blocksize]`` computed in fp32 and
 rounded once to ``dtype``, as ``bitsandbytes.functional.dequantize_4bit`` does (with nested scales,
@@ -24,7 +24,7 @@ import triton.language as tl
 
 from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernels are defined
 from . import check_triton_device
-from .nf4_gemv import NF4Operands
+from .nf4_format import NF4Operands
 from .rounding import round_to_bf16
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -61,7 +61,7 @@ def _nf4_dequantize_kernel(PACKED, CODE, ABSMAX, NESTED_ABSMAX, NESTED_CODE, OFF
 
 def nf4_dequantize(ops: NF4Operands, dtype: torch.dtype = torch.bfloat16,
                    block_bytes: int | None = None) -> torch.Tensor:
-    """The dense (N, K) weight of :func:`helpers.kernels.nf4_gemv.nf4_operands`' result, in ``dtype``
+    """The dense (N, K) weight of :func:`helpers.kernels.nf4_format.nf4_operands`' result, in ``dtype``
     (fp16, bf16 or fp32), from one kernel launch; ``block_bytes``: packed bytes a program decodes (a power
     of two; ``BLOCK_BYTES`` on a GPU, ``INTERPRETER_BLOCK_BYTES`` in the interpreter by default)."""
     if not isinstance(ops, NF4Operands):

@@ -21,7 +21,8 @@ from torch import nn
 from ..kernels.decode_attention import decode_attention
 from ..kernels.flash_attention import flash_attention
 from ..kernels.nf4_dequant import dequant_linear
-from ..kernels.nf4_gemv import MAX_M, nf4_linear, nf4_linear_group, nf4_operands
+from ..kernels.nf4_format import nf4_operands
+from ..kernels.nf4_gemv import MAX_M, nf4_linear, nf4_linear_group
 from ..kernels.paged_decode_attention import paged_decode_attention, paged_reference
 from ..kernels.rms_norm import add_rms_norm, rms_norm
 from ..kernels.rope_cache import rope_cache

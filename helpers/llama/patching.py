@@ -199,7 +199,7 @@ def use_course_nf4(model: nn.Module) -> int:
     changing nothing, if any weight is not one the kernel reads."""
     import bitsandbytes as bnb
 
-    from ..kernels.nf4_gemv import nf4_operands
+    from ..kernels.nf4_format import nf4_operands
 
     targets = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
     operands = [nf4_operands(m.weight) for m in targets]

@@ -245,7 +245,7 @@ def nf4_weights(n: int, k: int, min_bytes: float = 150e6, seed: int = 0) -> list
 def _gemv_inputs(shapes: dict[str, tuple[int, int]], rows: int, seed: int):
     """Per shape: ``(label, n, k, weights, ops, x)``: :func:`nf4_weights`' copies of a random (N, K) weight,
     the course kernel's operands for each, and a random bf16 ``x`` (rows, K)."""
-    from ..kernels.nf4_gemv import nf4_operands
+    from ..kernels.nf4_format import nf4_operands
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -352,4 +352,3 @@ def nf4_ladder(shapes: dict[str, tuple[int, int]], bandwidth_gbps: float, seed: 
                             "copy_gbps": bandwidth_gbps, "rel_err": error, "copies": len(weights)})
         del weights, ops
     return records
-

@@ -180,7 +180,8 @@ def nf4_gemv_cases() -> list[Case]:
     """One token's ``x @ W^T`` through a Llama-2-7B MLP weight (11,008 x 4,096), nf4 with nested scales."""
     import bitsandbytes as bnb
 
-    from ..kernels.nf4_gemv import nf4_matmul, nf4_operands
+    from ..kernels.nf4_format import nf4_operands
+    from ..kernels.nf4_gemv import nf4_matmul
 
     n, k = pick(full=(11008, 4096), smoke=(64, 128))
     weights = decoding_ladder.nf4_weights(n, k)  # copies beyond the L2, each read from HBM as in a model

@@ -1,7 +1,7 @@
 """The plain nf4 matrix-vector kernel: rung 1 of notebook 07's ladder, a screen long.
 
 ``y = x @ W^T`` for a bitsandbytes nf4 weight ``W`` (N, K), in bitsandbytes' layout (see
-``nf4_gemv``'s docstring): two 4-bit codes per byte along a row of W, the high nibble first; weight
+``nf4_format``'s docstring): two 4-bit codes per byte along a row of W, the high nibble first; weight
 ``i`` of the flattened W is ``code[q_i] * absmax[i // blocksize]``. To stay simple the kernel takes
 one fp32 scale per block, already decoded: for a weight with nested ("double-quantised") statistics
 :func:`block_scales` decodes them once on the host, so the kernel reads 4 bytes of scale per block
@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from .. import check_triton_device  # the package switches Triton to its interpreter first (no GPU)
-from ..nf4_gemv import DTYPES, NF4Operands, nf4_operands
+from ..nf4_format import NF4Operands, nf4_operands
+from ..nf4_gemv import DTYPES
 
 BLOCK_N, BLOCK_K = 16, 256  # outputs a program, weights of K a loop step (a GPU: 16 x 128 bytes a step)
 
@@ -52,7 +53,7 @@ def _nf4_matvec_kernel(X, PACKED, SCALES, CODE, OUT, N, K, stride_xm, CODE2, ABS
 
 
 def block_scales(ops: NF4Operands) -> torch.Tensor:
-    """One fp32 scale per block of ``ops`` (:func:`nf4_gemv.nf4_operands`' result): the stored absmax,
+    """One fp32 scale per block of ``ops`` (:func:`nf4_format.nf4_operands`' result): the stored absmax,
     or for nested statistics ``nested_code[q] * nested_absmax[b // nested_blocksize] + offset``."""
     if not isinstance(ops, NF4Operands):
         raise TypeError(f"ops must be nf4_gemv.nf4_operands(weight)'s result, got {type(ops).__name__}")
@@ -64,7 +65,7 @@ def block_scales(ops: NF4Operands) -> torch.Tensor:
 
 def nf4_matvec(x: torch.Tensor, weight, scales: torch.Tensor | None = None, *,
                block_n: int = BLOCK_N, block_k: int = BLOCK_K, nested_scales: bool = False) -> torch.Tensor:
-    """``x @ W^T`` through the plain kernel. ``weight``: what :func:`nf4_gemv.nf4_operands` takes, or its
+    """``x @ W^T`` through the plain kernel. ``weight``: what :func:`nf4_format.nf4_operands` takes, or its
     result; ``x``: (M, K) or (K,), fp16, bf16 or fp32; the result has x's leading shape, N columns and x's
     dtype. ``scales``: :func:`block_scales` of the weight, when the caller decoded them once already.
     ``nested_scales``: read a nested weight's 1-byte scale codes and decode them in the kernel instead."""
