@@ -352,3 +352,4 @@ def nf4_ladder(shapes: dict[str, tuple[int, int]], bandwidth_gbps: float, seed: 
                             "copy_gbps": bandwidth_gbps, "rel_err": error, "copies": len(weights)})
         del weights, ops
     return records
+
