@@ -17,6 +17,8 @@ import helpers
 from helpers.studies.eager_chain import eager_chain, reference64
 from helpers.results import REPO_ROOT
 from helpers.kernels import fused_bias_gelu_layernorm as K
+from helpers.kernels import gelu as G
+from helpers.kernels import rowwise
 from helpers.kernels.probes.vector_add import vector_add
 from numerics import rel_err
 
@@ -122,10 +124,10 @@ def test_fast_gelu_error_below_storage_rounding(gelu):
     g, _, _ = K.forward(v.view(-1, 4096).to(DEV), torch.zeros(4096, device=DEV), gelu=gelu, layernorm=False)
     exact = F.gelu(v.double())
     err = (g.double().cpu().flatten() - exact).abs()
-    bound = torch.clamp(K.FAST_GELU_REL * exact.abs(), min=K.FAST_GELU_ABS)
+    bound = torch.clamp(G.FAST_GELU_REL * exact.abs(), min=G.FAST_GELU_ABS)
     assert (err <= bound).all(), f"worst at v = {v[(err / bound).argmax()].item()}"
     # and the bound really is under the storage rounding: bf16 keeps 8 significant bits, fp16 11
-    assert K.FAST_GELU_REL <= 2.0**-9 / 8 and K.FAST_GELU_REL <= 2.0**-11 / 2
+    assert G.FAST_GELU_REL <= 2.0**-9 / 8 and G.FAST_GELU_REL <= 2.0**-11 / 2
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter squares 1e30 in numpy
@@ -138,7 +140,7 @@ def test_erf_exp2_gelu_margin_and_special_values():
     g = g.double().cpu().flatten()
     dense, special = g[:4096 * 16], g[4096 * 16:4096 * 16 + 7].tolist()
     exact = F.gelu(v[:4096 * 16].double())
-    assert ((dense - exact).abs() <= 0.125 * torch.clamp(K.FAST_GELU_REL * exact.abs(), min=K.FAST_GELU_ABS)).all()
+    assert ((dense - exact).abs() <= 0.125 * torch.clamp(G.FAST_GELU_REL * exact.abs(), min=G.FAST_GELU_ABS)).all()
     assert special[0] == float("inf") and special[1] == 0.0 and math.isnan(special[2])
     assert special[3:] == [0.0, 0.0, pytest.approx(1e30), 0.0]
 
@@ -151,7 +153,7 @@ def test_fp32_gelu_within_a_few_fp32_roundings():
     special = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0, -0.0, 1e30, -1e30] + [0.0] * 4089)
     v = torch.cat([dense, special])
     exact = F.gelu(dense.double())
-    bound = K.FP32_GELU_ABS * exact.abs().clamp(min=1)
+    bound = G.FP32_GELU_ABS * exact.abs().clamp(min=1)
     for mode in ("erf_fp32", "erf"):
         g, _, _ = K.forward(v.view(-1, 4096).to(DEV), torch.zeros(4096, device=DEV), gelu=mode, layernorm=False)
         g = g.double().cpu().flatten()
@@ -216,15 +218,15 @@ def test_compiled_ptx_gelu_matches_float64(gelu, approximate):
     never runs (it takes tl.exp2 and a division): the compiled GELU of every mode that uses them, on the dense sweep
     against float64 within the mode's promise, and through the backward (GELU's derivative) against float64
     autograd. A wrong instruction in the PTX (lg2 for ex2, say) fails here and nowhere on a CPU."""
-    assert K.FAST_ASM, "compiled for the GPU, the kernels take the PTX forms"
+    assert G.FAST_ASM, "compiled for the GPU, the kernels take the PTX forms"
     v = _dense_sweep()
     g, _, _ = K.forward(v.view(-1, 4096).to(DEV), torch.zeros(4096, device=DEV), gelu=gelu, layernorm=False)
     exact = F.gelu(v.double(), approximate=approximate)
     err = (g.double().cpu().flatten() - exact).abs()
     if gelu == "erf_fp32":
-        bound = K.FP32_GELU_ABS * exact.abs().clamp(min=1)
+        bound = G.FP32_GELU_ABS * exact.abs().clamp(min=1)
     else:  # the fast forms' promise (tanh: its fp32 formula, far inside it)
-        bound = torch.clamp(K.FAST_GELU_REL * exact.abs(), min=K.FAST_GELU_ABS)
+        bound = torch.clamp(G.FAST_GELU_REL * exact.abs(), min=G.FAST_GELU_ABS)
     assert (err <= bound).all(), f"{gelu}: worst at v = {v[(err / bound).argmax()].item()}"
     x, b, w, lb = inputs(7, 1000, torch.float32)
     dy = torch.randn_like(x)
@@ -310,6 +312,27 @@ def test_bad_input_is_a_clear_error():
         K.Config(1024, 1, 4, programs_per_sm=0)
     with pytest.raises(ValueError, match="stages"):
         K.Config(1024, 1, 4, stages=0)
+
+
+def test_names_the_notebooks_and_scripts_read_here_are_the_shared_ones():
+    """GELU's forms and the row-wise Config live in helpers.kernels.gelu and .rowwise; this module hands on the
+    same objects under the names notebooks 04, 04a, 04b and the scripts use."""
+    for name in ("AUTO_GELU", "GELU_MODES", "FAST_GELU_ABS", "FAST_GELU_REL", "FP32_GELU_ABS", "FAST_ASM"):
+        assert getattr(K, name) is getattr(G, name), name
+    assert K.Config is rowwise.Config and K.MAX_BLOCK_FWD == rowwise.MAX_BLOCK_FWD
+    assert K.DTYPES == tuple(G.AUTO_GELU)
+
+
+def test_launch_tables_fall_back_to_the_rowwise_rule():
+    """Widths the tables lack take rowwise's rule (a whole row in one block up to its caps); the tables' own entries
+    keep their launch."""
+    for n, block in ((100, 128), (300, 512)):
+        for dtype in (torch.float32, torch.bfloat16):
+            assert K.forward_config(n, dtype) == rowwise.forward_rule(block)
+            assert K.backward_config(n, dtype) == rowwise.backward_rule(block)
+    assert K.forward_config(20000, torch.float32) == rowwise.forward_rule(rowwise.MAX_BLOCK_FWD)
+    assert K.forward_config(1000, torch.bfloat16) == K.Config(1024, 4, 2, 4, False, 4)
+    assert K.backward_config(20000, torch.float32) == K.Config(rowwise.MAX_BLOCK_BWD, 1, 16, 1, False)
 
 
 def test_backward_refuses_statistics_that_do_not_belong_to_x():

@@ -22,23 +22,23 @@ fp32 ``dy`` of an fp32 weight), plus ``rstd``. The normalised row is recomputed 
 where autograd rounds it to the input dtype: one rounding fewer).
 Rows wider than one block take two passes, ``mean(g * h)`` then ``dx``, reading ``x`` and ``dy`` twice.
 ``d(weight)`` is the column sum of ``dy * h.to(x.dtype)`` over all rows: each program accumulates its
-rows' share in registers and writes one row of fp32 partial sums, and the second small kernel of the
-fused LayerNorm adds the partial rows in a fixed order (deterministic). A weight that needs no
-gradient (a frozen QLoRA norm) skips both.
+rows' share in registers and writes one row of fp32 partial sums, and the row-wise kernels' second small
+kernel (:func:`~helpers.kernels.rowwise.sum_partials`) adds the partial rows in a fixed order
+(deterministic). A weight that needs no gradient (a frozen QLoRA norm) skips both.
 
-Launch shapes (:class:`Config`, the one of the fused LayerNorm): RMSNorm's own table for 16-bit rows of
-Llama's widths (whole rows in blocks of 4096 or 8192; measured by ``scripts/rms_norm_tune.py`` on an H100,
-``results/<gpu>/rms_norm_tune.json``); other widths and dtypes take the fused bias + GELU + LayerNorm kernel's
-table, which moves the same bytes per element and reduces rows the same way. The forward's whole-row loop can
-be software-pipelined (``Config.stages``; on Hopper the next row blocks' loads become asynchronous copies into
-shared memory). ``config=`` overrides them for sweeps on the GPU.
+Launch shapes (:class:`~helpers.kernels.rowwise.Config`, the row-wise kernels'): RMSNorm's own table for 16-bit
+rows of Llama's widths (whole rows in blocks of 4096 or 8192; tuned by ``scripts/rms_norm_tune.py`` on an H100,
+whose timings are in ``results/<gpu>/rms_norm_tune.json``); 16-bit blocks of 1024 and 2048 and fp32
+blocks of 1024 to 8192 take the fused bias + GELU + LayerNorm kernel's entries (copied into RMSNorm's tables: that
+kernel moves the same bytes per element and reduces rows the same way); other widths the row-wise rule. The
+forward's whole-row loop can be software-pipelined (``Config.stages``; on Hopper the next row blocks' loads become
+asynchronous copies into shared memory). ``config=`` overrides them for sweeps on the GPU.
 
 In the Triton interpreter (no GPU) fp32 -> bf16 conversions truncate instead of rounding to nearest,
 so bf16 results there can be one bf16 step off from a GPU's; fp16 and fp32 are rounded as on a GPU.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -48,10 +48,8 @@ import triton.language as tl
 
 from .. import device as _device  # noqa: F401  (imported first: sets TRITON_INTERPRET before the kernels are defined)
 from . import check_triton_device
-from .fused_bias_gelu_layernorm import Config
-from .fused_bias_gelu_layernorm import backward_config as layernorm_backward_config
-from .fused_bias_gelu_layernorm import forward_config as layernorm_forward_config
-from .rowwise import cdiv, next_power_of_2, sm_count, sum_partials_kernel, tile_mask
+from .rowwise import MAX_BLOCK_BWD, MAX_BLOCK_FWD, Config, backward_rule, check_stats, forward_rule, sum_partials
+from .rowwise import cdiv, next_power_of_2, sm_count, table_config, tile_mask
 
 __all__ = ["Config", "FusedRMSNorm", "MAX_N", "RMSNormFunction", "add_rms_norm", "backward", "backward_config",
            "forward", "forward_config", "rms_norm"]
@@ -191,34 +189,30 @@ def _rms_norm_bwd_kernel(X, W, DY, RSTD, DX, PART, M, N, stride_x,
 
 
 # ---------------------------------------------------------------------------------- launch shapes
-# (bits of x, block) -> (rows, num_warps, programs_per_sm[, forward pipeline stages]). The forward streams: many
-# programs, a few rows each. The backward keeps one program an SM, each adding its rows' d(weight) in registers:
-# fewer partial rows to sum.
-_FORWARD_TABLE = {(16, 4096): (4, 8, 16, 1), (16, 8192): (2, 8, 16, 1)}
-_BACKWARD_TABLE = {(16, 4096): (4, 16, 1), (16, 8192): (2, 16, 1)}
-
-
-def _own(table: dict, fallback: Config, dtype: torch.dtype) -> Config:
-    """RMSNorm's measured launch for ``fallback``'s block where ``table`` has it, else ``fallback``."""
-    key = (8 * dtype.itemsize, fallback.block_n)
-    if key not in table:
-        return fallback
-    rows, warps, programs_per_sm, *stages = table[key]
-    return Config(fallback.block_n, rows, warps, programs_per_sm, prefetch=False, stages=stages[0] if stages else 1)
+# (bits of x, block) -> (rows, num_warps, programs_per_sm, prefetch (RMSNorm's kernels have none)[, forward pipeline
+# stages]). The forward streams: many programs, a few rows each. The backward keeps one program an SM, each adding its
+# rows' d(weight) in registers: fewer partial rows to sum. The 16-bit entries at 4096 and 8192 are RMSNorm's own
+# (scripts/rms_norm_tune.py); the others are the fused bias + GELU + LayerNorm kernel's
+# (fused_bias_gelu_layernorm._FORWARD_TABLE, _BACKWARD_TABLE), without its pipelining: not measured for RMSNorm.
+_FORWARD_TABLE = {(16, 4096): (4, 8, 16, False, 1), (16, 8192): (2, 8, 16, False, 1),
+                  (16, 1024): (4, 2, 4, False), (16, 2048): (2, 2, 4, False), (32, 1024): (1, 2, 4, False),
+                  (32, 2048): (2, 4, 2, False), (32, 4096): (1, 16, 4, False), (32, 8192): (1, 16, 1, False)}
+_BACKWARD_TABLE = {(16, 4096): (4, 16, 1, False), (16, 8192): (2, 16, 1, False),
+                   (16, 1024): (4, 4, 2, False), (16, 2048): (2, 4, 2, False), (32, 1024): (4, 4, 2, False),
+                   (32, 2048): (1, 8, 2, False), (32, 4096): (1, 16, 1, False), (32, 8192): (1, 16, 1, False)}
 
 
 @functools.lru_cache(maxsize=None)
 def forward_config(n: int, dtype: torch.dtype) -> Config:
-    """The forward's launch shape for rows of ``n`` elements of ``dtype`` (the input's): RMSNorm's own
-    table where it has the row's block, else the fused LayerNorm forward's (a whole row in one block up to
-    16384 elements) without its pipelining (not measured for RMSNorm: its loop is left as written)."""
-    return _own(_FORWARD_TABLE, dataclasses.replace(layernorm_forward_config(n, dtype), stages=1), dtype)
+    """The forward's launch shape for rows of ``n`` elements of ``dtype`` (the input's): the table's where it has
+    the row's block (a whole row in one block up to ``MAX_BLOCK_FWD`` elements), else the row-wise rule."""
+    return table_config(_FORWARD_TABLE, min(next_power_of_2(n), MAX_BLOCK_FWD), dtype, forward_rule)
 
 
 @functools.lru_cache(maxsize=None)
 def backward_config(n: int, dtype: torch.dtype) -> Config:
-    """The backward's launch shape (see :func:`forward_config`; one block holds up to 8192 elements)."""
-    return _own(_BACKWARD_TABLE, layernorm_backward_config(n, dtype), dtype)
+    """The backward's launch shape (see :func:`forward_config`; one block holds up to ``MAX_BLOCK_BWD`` elements)."""
+    return table_config(_BACKWARD_TABLE, min(next_power_of_2(n), MAX_BLOCK_BWD), dtype, backward_rule)
 
 
 def _grid(m: int, cfg: Config, device: torch.device) -> tuple[int, int]:
@@ -338,12 +332,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torc
         got = f"{tuple(dy.shape)}, {dy.dtype}, {dy.device}" if isinstance(dy, torch.Tensor) else type(dy).__name__
         raise ValueError(f"dy must be a float32/float16/bfloat16 tensor of x's shape {tuple(x.shape)} on "
                          f"{x.device}; got {got}")
-    if not isinstance(rstd, torch.Tensor) or rstd.shape != x.shape[:-1] or rstd.dtype != torch.float32 \
-            or rstd.device != x.device or not rstd.is_contiguous():
-        got = f"{tuple(rstd.shape)}, {rstd.dtype}, {rstd.device}" if isinstance(rstd, torch.Tensor) \
-            else type(rstd).__name__
-        raise ValueError(f"rstd must be the forward's contiguous fp32 statistics of shape {tuple(x.shape[:-1])} "
-                         f"on {x.device}; got {got}")
+    check_stats(x, rstd=rstd)
     return _backward(dy, x, weight, rstd, n, config, weight_grad)
 
 
@@ -362,10 +351,8 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: tor
     _rms_norm_bwd_kernel[(programs,)](x2, weight, dy.contiguous(), rstd, dx, part, m, n, x2.stride(0),
                                       BLOCK_N=cfg.block_n, ROWS=rows, SINGLE=single,
                                       EVEN_N=cfg.block_n == n, HAS_DW=weight_grad, num_warps=cfg.num_warps)
-    if weight_grad:  # the LayerNorm's reduction kernel, its first output only (grid of one along k)
-        block_c = min(256, next_power_of_2(n))
-        sum_partials_kernel[(cdiv(n, block_c), 1)](part, dweight, dweight, dweight, programs, n,
-                                                   BLOCK_P=32, BLOCK_C=block_c, num_warps=4)
+    if weight_grad:  # one set of partial rows, one output
+        sum_partials(part, dweight, programs, n)
     return dx, dweight
 
 

@@ -17,10 +17,11 @@ import triton.language as tl
 
 from ... import device as _device  # noqa: F401  (imported first: sets TRITON_INTERPRET before the kernels below)
 from .. import fused_bias_gelu_layernorm as _tuned
-from ..fused_bias_gelu_layernorm import GELU_ERF, _gelu
+from ..gelu import FAST_ASM, GELU_ERF, gelu, gelu_mode
+from ..rowwise import MAX_BLOCK_FWD
 
-MAX_N = _tuned.MAX_BLOCK_FWD  # widest row one block holds (as in the tuned kernel)
-_FAST = tl.constexpr(_tuned.FAST_ASM)  # the tuned kernel's single-instruction exp2 / reciprocal on a GPU
+MAX_N = MAX_BLOCK_FWD  # widest row one block holds (as in the tuned kernel)
+_FAST = tl.constexpr(FAST_ASM)  # the tuned kernel's single-instruction exp2 / reciprocal on a GPU
 
 
 @triton.jit
@@ -38,7 +39,7 @@ def simple_kernel(X, B, W, LB, Y, N, eps, BLOCK_N: tl.constexpr, GELU: tl.conste
     if GELU == GELU_ERF:  # exact GELU, v * Phi(v), with the library erf
         g = 0.5 * v * (1.0 + tl.erf(v * 0.7071067811865476))
     else:                 # rung 2: the same function in fewer instructions (the tuned kernel's forms)
-        g = _gelu(v, GELU, _FAST)
+        g = gelu(v, GELU, _FAST)
     mean = tl.sum(g, axis=0) / N                  # masked lanes hold GELU(0) = 0
     d = tl.where(mask, g - mean, 0.0)
     rstd = tl.rsqrt(tl.sum(d * d, axis=0) / N + eps)
@@ -58,7 +59,7 @@ def rows_kernel(X, B, W, LB, Y, M, N, eps, BLOCK_N: tl.constexpr, ROWS: tl.const
     b = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     lb = tl.load(LB + cols, mask=col_ok, other=0.0).to(tl.float32)
-    g = _gelu(x + b[None, :], GELU, _FAST)
+    g = gelu(x + b[None, :], GELU, _FAST)
     mean = tl.sum(g, axis=1) / N
     d = tl.where(mask, g - mean[:, None], 0.0)
     rstd = tl.rsqrt(tl.sum(d * d, axis=1) / N + eps)
@@ -87,7 +88,7 @@ def _check(x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor, ln_bias: t
 def _gelu_mode(gelu: str, dtype: torch.dtype) -> int:
     if gelu not in ("erf", "auto"):
         raise ValueError(f"gelu must be 'erf' (the library erf) or 'auto' (the tuned kernel's form), got {gelu!r}")
-    return _tuned._gelu_mode(gelu, dtype)
+    return gelu_mode(gelu, dtype)
 
 
 def simple_forward(x: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor, ln_bias: torch.Tensor,
