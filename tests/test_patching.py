@@ -1,11 +1,13 @@
 import helpers  # noqa: F401  (first: sets the Triton interpreter up on a machine without a GPU)
 
+import dataclasses
+
 import pytest
 import torch
 
 from helpers.llama.lora import LoraSettings, attach_lora
 from helpers.llama.models import ModelSpec, build_random
-from helpers.llama import patching
+from helpers.llama import kernel_set, patching
 from helpers.llama.patching import (use_attention, use_course_kernels, use_course_nf4, use_course_rms_norm,
                                     use_course_rotary, use_course_swiglu)
 
@@ -60,6 +62,14 @@ def _counting(monkeypatch, module, name: str) -> list:
     return calls
 
 
+def _counting_in_kernel_set(monkeypatch, part: str) -> list:
+    """Count the calls of one part of ``kernel_set.COURSE`` (the definition the patched model reads)."""
+    calls, fn = [], getattr(kernel_set.COURSE, part)
+    counted = dataclasses.replace(kernel_set.COURSE, **{part: lambda *a, **k: calls.append(1) or fn(*a, **k)})
+    monkeypatch.setattr(kernel_set, "COURSE", counted)
+    return calls
+
+
 def test_rotary_swap_stays_inside_the_patched_model(monkeypatch):
     calls = _counting(monkeypatch, patching, "course_rotary_pos_emb")
     course, other = _model(), _model()
@@ -71,9 +81,7 @@ def test_rotary_swap_stays_inside_the_patched_model(monkeypatch):
 
 
 def test_swiglu_swap_runs_the_kernel_and_refuses_another_activation(monkeypatch):
-    from helpers.kernels import swiglu
-
-    calls = _counting(monkeypatch, swiglu, "swiglu")
+    calls = _counting_in_kernel_set(monkeypatch, "swiglu")
     model = _model()
     assert use_course_swiglu(model) == SPEC.num_hidden_layers
     model(**_batch())
@@ -89,9 +97,7 @@ def test_swiglu_swap_runs_the_kernel_and_refuses_another_activation(monkeypatch)
 def test_nf4_swap_runs_the_kernel_and_refuses_another_quant_type(monkeypatch):
     import bitsandbytes as bnb
 
-    from helpers.kernels import nf4_dequant
-
-    calls = _counting(monkeypatch, nf4_dequant, "dequant_linear")
+    calls = _counting_in_kernel_set(monkeypatch, "nf4_linear")
     model = _model()
     assert use_course_nf4(model) == 7 * SPEC.num_hidden_layers
     model(**_batch())
