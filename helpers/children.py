@@ -22,10 +22,12 @@ PROGRESS = "progress: "  # a line of the child's stderr that starts so is a prog
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
-def run(cmd: list[str], on_progress: Callable[[str], None] | None = None, **kwargs) -> subprocess.CompletedProcess:
+def run(cmd: list[str], on_progress: Callable[[str], None] | None = None, timeout: float | None = None,
+        **kwargs) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)`` in a process group of its own,
     killed whole if this process stops while it runs (an exception, KeyboardInterrupt, SIGTERM turned into
-    SystemExit); ``env`` gets ``PARENT_PID`` so that the child can call :func:`die_with_parent`.
+    SystemExit) or it runs past ``timeout`` seconds (then ``subprocess.TimeoutExpired`` is raised); ``env``
+    gets ``PARENT_PID`` so that the child can call :func:`die_with_parent`.
     ``on_progress``: called with the text of each :func:`report_progress` line, while the child runs."""
     env = {**kwargs.pop("env", os.environ), PARENT_PID: str(os.getpid())}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -33,18 +35,20 @@ def run(cmd: list[str], on_progress: Callable[[str], None] | None = None, **kwar
     out: list[str] = []
     err: list[str] = []
 
-    def read_stderr() -> None:
-        for line in proc.stderr:
-            err.append(line)
-            if on_progress is not None and line.startswith(PROGRESS):
-                on_progress(line[len(PROGRESS):].rstrip("\n"))
+    def read(stream, lines: list[str], report: Callable[[str], None] | None) -> None:
+        for line in stream:
+            lines.append(line)
+            if report is not None and line.startswith(PROGRESS):
+                report(line[len(PROGRESS):].rstrip("\n"))
 
-    reader = threading.Thread(target=read_stderr, daemon=True)
-    reader.start()
+    readers = [threading.Thread(target=read, args=(proc.stdout, out, None), daemon=True),
+               threading.Thread(target=read, args=(proc.stderr, err, on_progress), daemon=True)]
+    for reader in readers:
+        reader.start()
     try:
-        out.append(proc.stdout.read())
-        proc.wait()
-        reader.join()
+        proc.wait(timeout=timeout)
+        for reader in readers:
+            reader.join()
     except BaseException:
         kill_group(proc)
         raise

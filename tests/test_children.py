@@ -93,3 +93,10 @@ def test_report_progress_is_silent_outside_a_child(capsys, monkeypatch):
     monkeypatch.delenv(children.PARENT_PID, raising=False)
     children.report_progress("nobody listens")
     assert capsys.readouterr().err == ""
+
+
+def test_a_run_past_its_timeout_is_killed_with_its_group():
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        children.run([sys.executable, "-c", "import time; time.sleep(60)"], timeout=1)
+    assert time.monotonic() - start < 30

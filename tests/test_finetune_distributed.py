@@ -141,7 +141,7 @@ def test_children_keep_nvlink_multicast_off(monkeypatch, tmp_path):
 ])
 def test_bad_input_is_refused_before_any_process_starts(monkeypatch, spec, gpus, error, match):
     monkeypatch.setattr(distributed, "machine_gpus", lambda: (gpus, 141.0 if gpus else None))
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("a process was started"))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a process was started"))
     with pytest.raises(error, match=match):
         distributed.launch(spec, "unused.json")
 
@@ -150,7 +150,7 @@ def test_full_scale_without_gpus_and_training_without_data_are_refused(monkeypat
     monkeypatch.setattr(distributed, "HAS_CUDA", False)
     with pytest.raises(RuntimeError, match="needs CUDA GPUs"):
         distributed.check(DistSpec("train", "70b"), scale="full")
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("a process was started"))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a process was started"))
     with pytest.raises(ValueError, match="needs data_path"):
         distributed.launch(DistSpec("train"))
 

@@ -2,11 +2,11 @@ import pytest
 import torch
 
 from helpers.llama import data
-from helpers.finetune import retime, sweep
+from helpers.finetune import retime, runner, sweep
 from helpers.llama.lora import LoraSettings, attach_lora, count_layer_forwards
 from helpers.llama.models import build_model
 from helpers.finetune.point_spec import PointSpec
-from helpers.finetune.timing import timed_steps
+from helpers.finetune.timing import run_timed_steps
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_a_group_without_checkpointing_trains_without_it(env):
     assert [(r["status"], r["checkpointing"]) for r in got] == [("ok", False)]
 
 
-def test_timed_steps_train_in_training_mode(env):
+def test_run_timed_steps_trains_in_training_mode(env):
     """A model built for inference (eval mode) would skip checkpointing's recomputation: its steps are not
     the QLoRA step the sweep measures."""
     spec = sweep.plan(["tiny"], [1], [None], generate=False, max_len=32)[0]
@@ -56,20 +56,20 @@ def test_timed_steps_train_in_training_mode(env):
     model = attach_lora(model, LoraSettings(r=4))
     model.eval()
     batches = data.make_batches(data.TokenizedData.load(env["data"]).token_ids, 1, 2, 32)
-    layer_runs = count_layer_forwards(model, lambda: timed_steps(model, batches[1:], torch.device("cpu"), 0, None))
+    layer_runs = count_layer_forwards(model, lambda: run_timed_steps(model, batches[1:], torch.device("cpu"), 0, None))
     assert model.training and layer_runs == 2  # one forward, one recomputation in the backward
 
 
 def test_out_of_memory_ends_the_group(env, monkeypatch):
     specs = sweep.plan(["tiny"], [1, 2, 4], [None], generate=False, max_len=32)
-    real = retime.timed_steps
+    real = retime.run_timed_steps
 
     def oom_at_2(model, batches, *args):
         if batches[0]["input_ids"].shape[0] == 2:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
         return real(model, batches, *args)
 
-    monkeypatch.setattr(retime, "timed_steps", oom_at_2)
+    monkeypatch.setattr(retime, "run_timed_steps", oom_at_2)
     got = []
     retime.time_group(specs, data.TokenizedData.load(env["data"]), torch.device("cpu"), float("inf"), got.append)
     assert [(r["batch_size"], r["status"]) for r in got] == [(1, "ok"), (2, "oom")]
@@ -95,7 +95,7 @@ def test_a_child_that_fails_keeps_the_points_it_finished(env):
     points = [PointSpec("train", "tiny", b, max_len=32) for b in (1, 100)]  # 100: more texts than the data holds
     with pytest.raises(RuntimeError, match="larger than the data set"):
         retime.run(points, _sweep_records(points), data_path=env["data"], store_path=env["store"], progress=False)
-    kept = sweep.Store(env["store"], topic=retime.TOPIC).records()
+    kept = runner.Store(env["store"], retime.TOPIC).records()
     assert [r["batch_size"] for r in kept] == [1]
 
 

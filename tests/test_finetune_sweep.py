@@ -5,7 +5,7 @@ import torch
 
 from helpers import results
 from helpers.llama import data
-from helpers.finetune import sweep_point, sweep
+from helpers.finetune import runner, sweep_point, sweep
 from helpers.finetune.point_spec import PointSpec
 
 
@@ -213,7 +213,7 @@ def test_a_kill_at_every_save_then_a_resume_loses_no_finished_point(env, monkeyp
             return save(*a, **k)
 
         monkeypatch.setattr(results, "save", dying)
-        appended = sweep.Store.add
+        appended = runner.Store.add
 
         def add(self, point, records):  # the progress line is the other write of a point
             writes.append(point)
@@ -221,12 +221,12 @@ def test_a_kill_at_every_save_then_a_resume_loses_no_finished_point(env, monkeyp
                 raise Killed
             appended(self, point, records)
 
-        monkeypatch.setattr(sweep.Store, "add", add)
+        monkeypatch.setattr(runner.Store, "add", add)
         with pytest.raises(Killed):
             sweep.run_sweep(points, data_path=env["data"], store_path=store, runner=_fake_runner([]),
                             progress=False)
         monkeypatch.setattr(results, "save", save)
-        monkeypatch.setattr(sweep.Store, "add", appended)
+        monkeypatch.setattr(runner.Store, "add", appended)
         finished = {json.loads(line)["point"] for line in store.read_text().splitlines()} if store.exists() else set()
         calls = []
         sweep.run_sweep(points, data_path=env["data"], store_path=store, runner=_fake_runner(calls), progress=False)
@@ -246,11 +246,11 @@ def test_a_point_killed_between_its_two_writes_reaches_the_results_file(env):
     sweep.run_sweep(points, data_path=env["data"], store_path=env["store"], runner=_fake_runner(calls), progress=False)
     assert calls == [] and len(results.load("finetune", scale=results.SCALE).records) == 2
     path.unlink()  # the results folder deleted: the progress file is enough
-    assert len(sweep.Store(env["store"]).records()) == 2 and path.exists()
+    assert len(runner.Store(env["store"], sweep.TOPIC).records()) == 2 and path.exists()
 
 
 def test_the_progress_file_moves_with_the_results(env):
-    assert sweep.default_store().parent == env["store"].parent / "results" / "finetune-progress"
+    assert runner.default_store(sweep.TOPIC).parent == env["store"].parent / "results" / "finetune-progress"
 
 
 def test_the_command_line_follows_the_scale():

@@ -28,17 +28,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from .. import results
 from ..device import HAS_CUDA, SCALE
+from . import runner
 from .point_spec import PointSpec
 
 TOPIC = "fsdp"
@@ -159,28 +159,28 @@ def command(spec: DistSpec, data_path: Path | None, out_dir: Path) -> list[str]:
     return cmd + (["--data", str(data_path)] if data_path is not None else [])
 
 
-def launch(spec: DistSpec, data_path: Path | None = None, *, timeout_s: float | None = None) -> list[dict]:
+def launch(spec: DistSpec, data_path: Path | None = None, *, timeout_s: float | None = None,
+           progress: Callable[[str], None] | None = None) -> list[dict]:
     """Run ``spec`` on ``spec.gpus`` processes (GPUs, or CPU processes at smoke scale); its records
     (one for a training run, one a size for an all-reduce probe), as rank 0 saved them.
 
     A rank that runs out of memory ends the run (torchrun stops the others): the record then says
     ``status: "oom"`` with that rank's numbers. Any other failure raises RuntimeError with the log's tail.
+    ``progress`` gets the ranks' reports (a training step done) as they come.
     """
     check(spec)
     if spec.kind == "train" and data_path is None:
         raise ValueError("a training run needs data_path (tokenized data from data.prepare().save())")
     with tempfile.TemporaryDirectory() as tmp:
         out_dir = Path(tmp)
-        proc = subprocess.run(command(spec, data_path, out_dir), capture_output=True, text=True,
-                              cwd=results.REPO_ROOT, env=child_env(spec), timeout=timeout_s)
+        proc = runner.run_child(command(spec, data_path, out_dir), progress, child_env(spec), timeout=timeout_s)
         done = out_dir / "records.json"
         if proc.returncode == 0 and done.exists():
             return json.loads(done.read_text())
         ooms = sorted(out_dir.glob("oom-rank*.json"))
         if ooms:
             return save_records(json.loads(ooms[0].read_text()))
-        tail = "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-25:])
-        raise RuntimeError(f"{spec.key()} failed (exit {proc.returncode}):\n{tail}")
+        raise runner.failure(spec.key(), proc, lines=25)
 
 
 def same_setting(a: dict, b: dict) -> bool:
@@ -208,7 +208,7 @@ def with_scaling(records: list[dict]) -> list[dict]:
 FULL_TIMED_STEPS = 10  # timed steps of every training run of the full plan
 
 
-def timed_steps(record: dict) -> int | None:
+def timed_step_count(record: dict) -> int | None:
     """The steps a training record timed: its ``timed_steps``, or the count in its point key
     (``.../steps=W+T``) for records from before that field existed."""
     if record.get("timed_steps"):
@@ -228,7 +228,7 @@ def scaling_spread(records: list[dict], min_steps: int = FULL_TIMED_STEPS) -> li
             continue
         ref = next(q for q in records if q.get("kind") == "train" and q.get("status") == "ok" and q["gpus"] == 1
                    and same_setting(q, r))
-        steps = (timed_steps(r), timed_steps(ref))
+        steps = (timed_step_count(r), timed_step_count(ref))
         spread = all(q.get("step_s_min") and q.get("step_s_max") for q in (r, ref))
         eff = r["scaling_efficiency"]
         low = high = None
@@ -291,15 +291,20 @@ def smoke_plan() -> list[DistSpec]:
             + [DistSpec("train", "tiny", 2, 1, 0.05, "fsdp", expandable_segments=True, **tiny)])
 
 
-def _oom_below(spec: DistSpec, done: dict[str, dict]) -> DistSpec | None:
-    """A finished smaller-batch run of the same settings that ran out of memory."""
-    if spec.kind != "train":
-        return None
-    for smaller in range(1, spec.batch_size):
-        record = done.get(replace(spec, batch_size=smaller).key())
-        if record and record["status"] == "oom":
-            return replace(spec, batch_size=smaller)
-    return None
+def record_point(record: dict) -> str:
+    """The key of the run a saved record belongs to: an all-reduce probe saves one record a size."""
+    return record["point"].split("/size=")[0]
+
+
+def _store() -> runner.Store:
+    """The finished runs: the results file alone (rank 0 saves each run's records to it)."""
+    def load() -> list[dict]:
+        return load_records().records
+
+    def save(records: list[dict]) -> None:
+        results.save(TOPIC, with_scaling(records), gpus=FOLDER_GPUS)
+
+    return runner.Store(None, TOPIC, load=load, save=save, point_of=record_point)
 
 
 def run_plan(specs: list[DistSpec], data_path: Path | None = None, *, budget_s: float | None = None,
@@ -309,35 +314,21 @@ def run_plan(specs: list[DistSpec], data_path: Path | None = None, *, budget_s: 
     Resumable: a run already saved is not run again, so a plan longer than one device call's limit
     finishes over several calls (``budget_s``: start no new run after this many seconds). A larger
     batch than one that ran out of memory, same settings, is recorded as out of memory without
-    running (``measured: False``)."""
-    from tqdm.auto import tqdm
-
+    running (``measured: False``). The runs go one at a time, in the plan's order (``runner.run``)."""
     for spec in specs:
         check(spec)
-    if budget_s is not None and budget_s <= 0:
-        raise ValueError(f"budget_s must be > 0, got {budget_s}")
     if any(s.kind == "train" for s in specs) and data_path is None:
         from ..llama.data import data_file
 
         data_path = data_file()
 
-    def done() -> dict[str, dict]:
-        try:
-            return {r["point"]: r for r in load_records().records}
-        except FileNotFoundError:
-            return {}
+    def launched(spec: DistSpec, gpu: str | None, report: Callable[[str], None]) -> None:
+        launch(spec, data_path, progress=report)  # rank 0 saves its records: the runner reads them back
 
-    start = time.perf_counter()
-    todo = [s for s in specs if s.key() not in done() and not any(k.startswith(s.key() + "/") for k in done())]
-    for spec in tqdm(todo, desc="multi-GPU runs", unit="run", disable=not progress):
-        if budget_s is not None and time.perf_counter() - start > budget_s:
-            break
-        below = _oom_below(spec, done())
-        if below is not None:
-            first = done()[below.key()]
-            save_records([{**first, "point": spec.key(), "batch_size": spec.batch_size,
-                           "global_batch": spec.batch_size * spec.gpus, "measured": False,
-                           "oom_message": f"not run: batch {below.batch_size} already ran out of memory"}])
-        else:
-            launch(spec, data_path)
+    def skipped(spec: DistSpec, below_record: dict, below: DistSpec) -> dict:
+        return {**runner.not_run(spec, below_record, below), "global_batch": spec.batch_size * spec.gpus}
+
+    plan = runner.Plan(specs, _store, run_point=launched, group=DistSpec.key, skipped=skipped,
+                       desc="multi-GPU runs", unit="run")
+    runner.run(plan, budget_s=budget_s, progress=progress)
     return load_records().records

@@ -28,7 +28,7 @@ from .distributed import OOM_EXIT, DistSpec, save_records
 from ..llama.lora import LoraSettings, attach_lora, check_checkpointing, decoder_layers
 from ..llama.memory_caps import GiB, SimulatedMemory, apply_cap, is_oom, peak_memory
 from ..llama.models import build_model
-from .timing import sync, timed_steps
+from .timing import run_timed_steps, sync
 
 
 def rank_batches(token_ids: list[list[int]], batch_size: int, world: int, rank: int, steps: int,
@@ -109,7 +109,7 @@ def train_rank(spec: DistSpec, data: TokenizedData, device: torch.device, rank: 
         mine["stage"] = "train"
         mine["checkpointing"] = check_checkpointing(model, batches[0]["input_ids"][:1, :16].to(device))
         before = lora_vector(model)
-        times, summary, losses = timed_steps(model, batches, device, spec.warmup_steps, meter)
+        times, summary, losses = run_timed_steps(model, batches, device, spec.warmup_steps, meter)
         after = lora_vector(model)
     except Exception as error:
         if not is_oom(error):

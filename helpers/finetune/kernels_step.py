@@ -24,7 +24,7 @@ from .graphed_step import GraphedTrainStep
 from ..llama.lora import LoraSettings, attach_lora, check_checkpointing
 from ..llama.memory_caps import GiB
 from ..llama.models import build_model
-from .timing import sync, timed_steps
+from .timing import run_timed_steps, sync, time_steps, to_device, train_step
 
 GRAPHED = "course graphed"
 VARIANTS = ("stock", "sdpa bf16", "course", GRAPHED)
@@ -123,7 +123,7 @@ def train(model_name: str, variant: str, batch_size: int, data: TokenizedData, d
         times, losses, graphs = _graphed_steps(model, batches, device, warmup_steps)
         peak = max(torch.cuda.max_memory_allocated(device), graphs.pop("held_bytes"))
     else:
-        times, _, losses = timed_steps(model, batches, device, warmup_steps, None)
+        times, _, losses = run_timed_steps(model, batches, device, warmup_steps, None)
         peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     tokens = sum(int(b["attention_mask"].sum()) for b in batches[warmup_steps:])
     peak = None if peak is None else (peak - others_bytes) / GiB
@@ -139,7 +139,7 @@ def train(model_name: str, variant: str, batch_size: int, data: TokenizedData, d
 
 def _graphed_steps(model: torch.nn.Module, batches: list[dict], device: torch.device,
                    warmup_steps: int) -> tuple[list[float], list[float], dict]:
-    """``timed_steps``' contract through CUDA graphs: one captured per padded shape before the first step (an
+    """``run_timed_steps``' contract through CUDA graphs: one captured per padded shape before the first step (an
     untimed one-off cost, returned as ``capture_s``), then each step a replay, timed with the device synchronised
     on both sides. The dict also holds ``held_bytes``: the device memory allocated after the last step plus what
     the graphs' pool reserves beyond its live tensors (the memory the graphs keep between steps)."""
@@ -148,7 +148,7 @@ def _graphed_steps(model: torch.nn.Module, batches: list[dict], device: torch.de
     t0 = time.perf_counter()
     graphs = step.capture(batches)
     capture_s = time.perf_counter() - t0
-    times, losses = _timed(step.step, batches, device, warmup_steps)
+    times, losses, _ = time_steps(step.step, batches, device, warmup_steps)
     reserved, live = step.pool_bytes()
     held = torch.cuda.memory_allocated(device) + reserved - live
     return times, [float(x) for x in losses], {"graphs": graphs, "capture_s": capture_s, "held_bytes": held}
@@ -173,31 +173,12 @@ def by_category(rows: list[dict]) -> dict[str, float]:
 def _stepper(model: torch.nn.Module, variant: str, batches: list[dict], device: torch.device):
     """A function that trains ``model`` one step (forward, backward, AdamW) on a batch: eagerly, or for
     ``GRAPHED`` a graph replay (the graphs of ``batches``' shapes captured here)."""
-    if variant == GRAPHED:
+    if variant == GRAPHED:  # its own AdamW (capturable, gradients zeroed in place): a graph replays fixed addresses
         graphed = GraphedTrainStep(model)
         graphed.capture(batches)
         return graphed.step
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
-
-    def step(batch: dict) -> None:
-        model(**{k: v.to(device) for k, v in batch.items()}).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return step
-
-
-def _timed(step, batches: list[dict], device: torch.device, skip: int) -> tuple[list[float], list]:
-    """``step(batch)`` for each batch, the device synchronised around each: (the wall times [s] of all but the
-    first ``skip`` steps, every step's result)."""
-    times, results = [], []
-    for i, batch in enumerate(batches):
-        sync(device)
-        t0 = time.perf_counter()
-        results.append(step(batch))
-        sync(device)
-        if i >= skip:
-            times.append(time.perf_counter() - t0)
-    return times, results
+    step = train_step(model)
+    return lambda batch: step(to_device(batch, device))  # the copy to the device timed too, as a replay's is
 
 
 def _pacing_parts(step, batches: list[dict]) -> dict[str, float]:
@@ -241,6 +222,6 @@ def pacing_side_by_side(model_name: str, variants: list[str], batch_size: int, d
     walls: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(rounds):
         for variant, step in steppers.items():
-            walls[variant].append(statistics.fmean(_timed(step, batches, device, 1)[0]))
+            walls[variant].append(statistics.fmean(time_steps(step, batches, device, 1)[0]))
     return [_pacing_record(model_name, v, batch_size, steps, walls[v], _pacing_parts(steppers[v], batches))
             for v in variants]

@@ -1,17 +1,23 @@
-"""What one point of the sweep measures (:class:`PointSpec`) and the fields every record of a point carries."""
+"""What one point of the sweep measures (:class:`PointSpec`), the fields every record of a point carries, and the
+sweep's plans (:func:`plan`, :func:`full_plan`), which the sweep and its re-timing both run."""
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Iterable
 
 import torch
 
 from .. import results
+from ..datasheets import CAPS
 from ..llama.lora import LoraSettings
 from ..llama.models import MODELS
 
 KINDS = ("train", "generate")
 ATTN = ("sdpa", "eager")
+BATCH_SIZES = (1, 2, 4, 8, 16, 20, 25, 32)
+NEW_TOKENS = (64, 128, 256, 512)
+SEED_MAX_LEN = 1024
 
 
 @dataclass(frozen=True)
@@ -28,7 +34,7 @@ class PointSpec:
     max_len: int | None = None  # truncate texts to this many tokens (None: the data's full lengths)
     warmup_steps: int = 2  # the first holds the longest texts: the epoch's peak memory
     timed_steps: int = 3
-    new_tokens: tuple[int, ...] = field(default=(64, 128, 256, 512))
+    new_tokens: tuple[int, ...] = field(default=NEW_TOKENS)
 
     def key(self) -> str:
         """A stable name: two specs with the same key measure the same thing (cap 40 and 40.0 alike)."""
@@ -79,3 +85,34 @@ def base_record(spec: PointSpec, device: torch.device) -> dict:
     run = results.provenance()
     return {"point": spec.key(), "model": spec.model, "lora_r": spec.lora_r, "cap_gb": spec.cap_gb,
             "attn": spec.attn, "device": device.type, "git_commit": run["git_commit"], "measured_at": run["timestamp"]}
+
+
+def full_plan() -> list[PointSpec]:
+    """The notebook's sweep at full scale, in the order that answers the seed's claims first.
+
+    The seed's stack: eager attention (transformers 4.31 had no fused attention for Llama) and texts
+    cut at 1,024 tokens (trl's SFTTrainer default when ``max_seq_length`` is not given, as in the
+    seed's script). First the two emulated cards for every model, then 70B at LoRA ranks 8 and 2
+    under the 40 GB cap (the seed's A100 attempts), then the whole card, one 7B point without
+    gradient checkpointing, and 7B with today's fused attention (sdpa).
+    """
+    seed = {"attn": "eager", "max_len": SEED_MAX_LEN}
+    models = ("7b", "13b", "70b")
+    return (plan(models, caps=(40, 48), **seed)
+            + [PointSpec("train", "70b", 1, 40, lora_r=r, **seed) for r in (8, 2)]
+            + plan(models, caps=(None,), **seed)
+            + [PointSpec("train", "7b", 4, None, grad_ckpt=False, **seed)]
+            + plan(("7b",), caps=(None,), attn="sdpa", max_len=SEED_MAX_LEN))
+
+
+def plan(models: Iterable[str] = ("7b", "13b", "70b"), batch_sizes: Iterable[int] = BATCH_SIZES,
+         caps: Iterable[float | None] = tuple(CAPS), *, generate: bool = True, **spec_fields) -> list[PointSpec]:
+    """The points of a sweep, in the order they run: per model, per cap, batch sizes growing, then generation."""
+    points = []
+    for model in models:
+        for cap in caps:
+            points += [PointSpec("train", model, batch, cap, **spec_fields) for batch in batch_sizes]
+            if generate:
+                gen_fields = {k: v for k, v in spec_fields.items() if k in ("lora_r", "attn", "new_tokens")}
+                points.append(PointSpec("generate", model, 1, cap, **{"new_tokens": NEW_TOKENS, **gen_fields}))
+    return points

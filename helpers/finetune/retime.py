@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
 import sys
 import time
@@ -35,15 +34,13 @@ import torch
 
 from .. import children, results
 from ..device import SCALE, pick
-from . import distributed
-from ..llama.data import TokenizedData, make_batches
+from . import distributed, runner
+from ..llama.data import TokenizedData, data_file, make_batches
 from ..llama.lora import LoraSettings, attach_lora, check_checkpointing
 from ..llama.memory_caps import apply_cap, is_oom
 from ..llama.models import build_model
-from .point_spec import PointSpec, base_record
-from .sweep import Store, default_store, full_plan, groups, plan
-from ..llama.data import data_file
-from .timing import timed_steps
+from .point_spec import PointSpec, base_record, full_plan, plan
+from .timing import run_timed_steps
 
 TOPIC = "finetune_timing"
 TIMED_STEPS = pick(full=10, smoke=2)
@@ -88,7 +85,7 @@ def time_group(specs: list[PointSpec], data: TokenizedData, device: torch.device
         record = {"kind": "train", **base_record(spec, device), "batch_size": spec.batch_size,
                   "warmup_steps": spec.warmup_steps, "timed_steps": TIMED_STEPS, "checkpointing": checkpointing}
         try:
-            times, monitor, _ = timed_steps(model, batches, device, spec.warmup_steps, None)
+            times, monitor, _ = run_timed_steps(model, batches, device, spec.warmup_steps, None)
         except Exception as error:
             if not is_oom(error):
                 raise
@@ -122,41 +119,24 @@ def _run_child(specs: list[PointSpec], data_path: Path, deadline: float, store_p
     it finishes: a child that fails, or a run killed part way, keeps every point finished."""
     cmd = [sys.executable, "-m", "helpers.finetune.retime", "--group", json.dumps([s.to_json() for s in specs]),
            "--data", str(data_path), "--deadline", str(deadline), "--progress-file", str(store_path)]
-    proc = children.run(cmd, on_progress=progress, cwd=results.REPO_ROOT)
+    proc = runner.run_child(cmd, progress)
     if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-        raise RuntimeError(f"re-timing {specs[0].key()} and its group failed (exit {proc.returncode}):\n{tail}")
+        raise runner.failure(f"re-timing {specs[0].key()} and its group", proc)
 
 
 def run(points: list[PointSpec], sweep_records: list[dict], *, budget_s: float | None = None,
         data_path: Path | None = None, store_path: Path | None = None, progress: bool = True) -> list[dict]:
     """Re-time the points of ``points`` that trained in the sweep and are not re-timed yet; every record saved.
     ``budget_s``: start no new point after this many seconds (0 starts none)."""
-    from tqdm.auto import tqdm
-
-    if budget_s is not None and budget_s < 0:
-        raise ValueError(f"budget_s must be >= 0, got {budget_s}")
-    store_path = Path(store_path or default_store(TOPIC))
-    store = Store(store_path, topic=TOPIC)
-    wanted = todo(points, sweep_records)
-    left = [p for p in wanted if p.key() not in store.done]
-    deadline = time.time() + (float("inf") if budget_s is None else budget_s)
+    store_path = Path(store_path or runner.default_store(TOPIC))
     data_path = Path(data_path) if data_path else data_file()
-    bar = tqdm(total=len(wanted), initial=len(wanted) - len(left), desc="re-timing", unit="point",
-               disable=not progress)
-    try:
-        for group in groups(left):
-            if time.time() >= deadline:
-                break
-            try:
-                _run_child(group, data_path, deadline, store_path,
-                           lambda text, key=group[0].key(): bar.set_postfix_str(f"{key}: {text}"))
-            finally:
-                before, store = len(store.done), Store(store_path, topic=TOPIC)  # reads and saves what it finished
-                bar.update(len(store.done) - before)
-    finally:
-        bar.close()
-    return store.records()
+
+    def run_group(group: list[PointSpec], gpu: str | None, deadline: float, report: Callable[[str], None]) -> None:
+        _run_child(group, data_path, deadline, store_path, report)
+
+    plan = runner.Plan(todo(points, sweep_records), lambda: runner.Store(store_path, TOPIC), run_group=run_group,
+                       desc="re-timing")
+    return runner.run(plan, budget_s=budget_s, progress=progress).records()
 
 
 def merged(sweep_records: list[dict], timing_records: list[dict]) -> list[dict]:
@@ -167,7 +147,7 @@ def merged(sweep_records: list[dict], timing_records: list[dict]) -> list[dict]:
     for r in sweep_records:
         t = timed.get(r["point"]) if r.get("status") == "ok" else None
         if t is None:
-            out.append({**r, "timed_steps": distributed.timed_steps(r), "timed_from": "sweep"})
+            out.append({**r, "timed_steps": distributed.timed_step_count(r), "timed_from": "sweep"})
         else:
             out.append({**r, **{k: t[k] for k in TIMING_FIELDS},
                         "timed_from": f"re-timed at {t['git_commit'][:12]}, {t['measured_at'][:16]}"})
@@ -187,11 +167,7 @@ def _child(argv: list[str]) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     def write(record: dict) -> None:
-        args.progress_file.parent.mkdir(parents=True, exist_ok=True)
-        with args.progress_file.open("a") as f:
-            f.write(json.dumps({"point": record["point"], "records": [record]}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        runner.append(args.progress_file, record["point"], [record])
         children.report_progress(f"batch {record['batch_size']} {record['status']}")
 
     time_group(specs, TokenizedData.load(args.data), device, args.deadline, write)

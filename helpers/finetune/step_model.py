@@ -25,7 +25,6 @@ import itertools
 import math
 import re
 import statistics
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +35,7 @@ from ..datasheets import GpuSpec
 from ..llama.data import TokenizedData, make_batches
 from ..llama.lora import LoraSettings, attach_lora, check_checkpointing
 from ..llama.models import MODELS, ModelSpec, build_model
-from .timing import sync
+from .timing import time_steps, train_step
 
 PASSES = 3  # forward, forward again (gradient checkpointing), backward
 DEQUANT_BYTES = 4.5  # per nf4 weight and pass: read 0.5 B packed, write 2 B bf16, read them back for the matmul
@@ -295,21 +294,8 @@ def measure_train_parts(model_name: str, batch: int, data: TokenizedData, device
     model, source = build_model(model_name, device, vocab_size=data.vocab_size, attn="eager")
     model = attach_lora(model, LoraSettings(r=16), gradient_checkpointing=True)
     checkpointing = check_checkpointing(model, batches[0]["input_ids"][:1, :16])  # leaves the model training
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
-
-    def step(b: dict) -> None:
-        model(**b).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    times = []
-    for i, b in enumerate(batches):
-        sync(device)
-        t0 = time.perf_counter()
-        step(b)
-        sync(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
+    step = train_step(model)
+    times = time_steps(step, batches, device, warmup)[0]
     todo = iter(batches[warmup - 1:])  # the last warm-up batch warms the profiler up, then the timed ones
     rows = profile_kernels(lambda: step(next(todo)), reps=timed)
     parts: dict[str, float] = {p: 0.0 for p in PARTS if p != "host"}

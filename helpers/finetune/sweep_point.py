@@ -26,7 +26,7 @@ from ..llama.lora import LoraSettings, attach_lora, check_checkpointing
 from ..llama.memory_caps import GiB, SimulatedMemory, apply_cap, is_oom, peak_memory
 from ..llama.models import build_model, model_bytes
 from .point_spec import PointSpec, base_record
-from .timing import timed_steps
+from .timing import run_timed_steps
 
 
 def run_train(spec: PointSpec, data: TokenizedData, device: torch.device) -> list[dict]:
@@ -51,7 +51,7 @@ def run_train(spec: PointSpec, data: TokenizedData, device: torch.device) -> lis
         if device.type == "cpu":
             limit = None if spec.cap_gb is None else int(spec.cap_gb * GiB)
             meter = SimulatedMemory(model_bytes(model), limit)
-        times, monitor_summary, losses = timed_steps(model, batches, device, spec.warmup_steps, meter)
+        times, monitor_summary, losses = run_timed_steps(model, batches, device, spec.warmup_steps, meter)
     except Exception as error:
         if not is_oom(error):
             raise
