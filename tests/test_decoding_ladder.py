@@ -1,11 +1,14 @@
 import helpers  # noqa: F401  (first: sets the Triton interpreter up on a machine without a GPU)
 
+import dataclasses
+
 import pandas as pd
 import pytest
 import torch
 
-from helpers.studies import decoding_ladder
 from helpers.finetune import kernels_step
+from helpers.llama import kernel_set
+from helpers.studies import decoding_ladder
 from helpers.llama.data import TokenizedData, standin_texts, train_tokenizer
 from helpers.llama.models import build_model
 
@@ -40,8 +43,6 @@ def test_the_ladder_times_and_checks_its_rungs(model):
 
 @pytest.mark.parametrize("variant", decoding_ladder.VARIANTS[5:])
 def test_a_variant_with_the_course_kernels_uses_them(model, monkeypatch, variant):
-    from helpers.kernels import decode_attention, nf4_gemv, rms_norm
-
     calls = {"nf4": 0, "nf4 with gate": 0, "nf4 group": 0, "norm": 0, "add norm": 0, "attention": 0}
 
     def counted(name, fn):
@@ -50,11 +51,12 @@ def test_a_variant_with_the_course_kernels_uses_them(model, monkeypatch, variant
             return fn(*a, **k)
         return call
 
-    monkeypatch.setattr(nf4_gemv, "nf4_linear", counted("nf4", nf4_gemv.nf4_linear))
-    monkeypatch.setattr(nf4_gemv, "nf4_linear_group", counted("nf4 group", nf4_gemv.nf4_linear_group))
-    monkeypatch.setattr(rms_norm, "rms_norm", counted("norm", rms_norm.rms_norm))
-    monkeypatch.setattr(rms_norm, "add_rms_norm", counted("add norm", rms_norm.add_rms_norm))
-    monkeypatch.setattr(decode_attention, "decode_attention", counted("attention", decode_attention.decode_attention))
+    course = kernel_set.COURSE  # the rungs read the kernel set: count the calls of its parts
+    monkeypatch.setattr(kernel_set, "COURSE", dataclasses.replace(
+        course, linear=counted("nf4", course.linear), linear_group=counted("nf4 group", course.linear_group),
+        norm=counted("norm", course.norm), add_norm=counted("add norm", course.add_norm),
+        attention=counted("attention", course.attention)))
+    monkeypatch.setattr(kernel_set, "nf4_linear", counted("nf4", kernel_set.nf4_linear))  # in swiglu_linear
     decoding_ladder.decoder(model, variant, 4).step(torch.tensor([5], device=DEV))
     layers = model.config.num_hidden_layers
     norms = 2 * layers + 1

@@ -1,7 +1,10 @@
-"""The QLoRA fine-tuning experiment: Llama-2 architectures in nf4 (``models``), LoRA with verified
-gradient checkpointing (``lora``), the data and its offline stand-in (``data``), one measurement in
-its own process (``point``: what it measures in ``spec``, its memory cap in ``memory_caps``, its timed
-steps in ``timing``), generation speed (``generate``) and the resumable sweep (``sweep``).
+"""The QLoRA fine-tuning experiment of notebooks 06-08, built on the Llama model floor (``helpers.llama``).
+
+Plans run by one resumable runner (``runner``: store, budget, child processes, out-of-memory skipping): the
+sweep (``sweep``; one point in its own process, ``sweep_point``, described by ``point_spec``), its re-timing
+(``retime``) and the runs over several GPUs (``distributed``, ``fsdp_point``). The timed steps and AdamW
+(``timing``), generation speed (``generate``), the analysis (``analysis``), the cross-GPU step model
+(``step_model``) and notebook 07's training step with the course's kernels (``kernels_step``, ``graphed_step``).
 
 Import the submodules you need; none of them imports transformers, peft or bitsandbytes until a
 model is built, so ``helpers.finetune.sweep`` stays light in the process that drives the sweep.

@@ -1,0 +1,1 @@
+"""Candidates: a next rung under test, not yet used by the notebooks' workload."""

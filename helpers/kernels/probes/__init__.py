@@ -1,0 +1,1 @@
+"""Hardware probes: kernels that measure the memory hierarchy and the roofline, not the course's workload."""

@@ -1,0 +1,1 @@
+"""Teaching rungs: the readable kernels that come before the tuned ones (notebooks 04 and 07)."""
