@@ -93,10 +93,11 @@ SPECS: tuple[GpuSpec, ...] = (
     GpuSpec("H100 PCIe", "Hopper", 2022, 756.0, 756.0, 378.0, 51.2, 80, 2000, 50, 114, 228, 1755, 350, 600, 7,
             "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet "
             "(NVLink through a bridge); " + _HOPPER_WP, r"H100 PCIe"),
-    GpuSpec("H200", "Hopper", 2024, 989.4, 989.4, 494.7, 66.9, 141, 4800, 50, 132, 228, 1980, 700, 900, 7,
+    GpuSpec("H200", "Hopper", 2024, 989.4, 989.4, 494.7, 66.9, 141, 4800, 60, 132, 228, 1980, 700, 900, 7,
             "https://nvdam.widen.net/s/nb5zzzsjdf/hpc-datasheet-sc23-h200-datasheet-3002446 (SXM: rates as H100 SXM); "
-            "L2, SMs, shared memory and clock from " + _HOPPER_WP + " (the datasheet omits them)",
-            r"H200(?!\s*NVL)"),
+            "SMs, shared memory and clock from " + _HOPPER_WP + " (the datasheet omits them); L2: 60 MiB, as the "
+            "driver reports it (cudaDevAttrL2CacheSize, results/h200/device.json; NVIDIA publishes no figure)",
+            r"(?<!G)H200(?!\s*NVL)"),
 )
 
 

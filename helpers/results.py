@@ -142,11 +142,13 @@ REFERENCE_GPU = "h100-80gb-hbm3"  # the course's reference run: every notebook e
 SECOND_GPU = "h200"  # the same chip with faster memory, for the side-by-side comparison
 
 
-def source_gpu(topic: str, prefer: str | None = None) -> str:
+def source_gpu(topic: str, prefer: str | None = None, gpus: int = 1) -> str:
     """The GPU folder a committed ``topic`` is read from: ``prefer`` (default: this GPU's) where it holds the
-    topic, else the reference H100's, else the H200's. FileNotFoundError names the folders that hold it."""
+    topic, else the reference H100's, else the H200's; ``gpus``: a run on that many GPUs ("h200x2").
+    FileNotFoundError names the folders that hold it."""
     _check_topic(topic)
-    folders = [prefer or gpu_slug(), REFERENCE_GPU, SECOND_GPU]
+    many = f"x{gpus}" if gpus > 1 else ""
+    folders = [prefer or gpu_slug(count=gpus), REFERENCE_GPU + many, SECOND_GPU + many]
     for gpu in folders:
         if path_for(topic, gpu, "full").exists():
             return gpu

@@ -1,6 +1,6 @@
 import pytest
 
-from helpers import datasheets
+from helpers import datasheets, results
 
 REQUIRED = ["V100 SXM2", "A100 40GB SXM", "A100 40GB PCIe", "A100 80GB SXM", "RTX 6000 Ada", "L40S",
             "RTX 4090", "L4", "T4", "H100 SXM", "H200"]
@@ -37,8 +37,14 @@ def test_lookup_by_driver_name(device_name, expected):
 
 def test_lookup_does_not_confuse_similar_names():
     assert datasheets.lookup("NVIDIA H200 NVL") is None  # a different power/clock envelope: not in the table
+    assert datasheets.lookup("NVIDIA GH200 480GB") is None  # the Grace Hopper superchip: another memory and TDP
     assert datasheets.lookup("NVIDIA L40") is None
     assert datasheets.lookup("NVIDIA RTX A6000") is None
+
+
+def test_h200_l2_is_what_its_driver_reports():
+    saved = results.load("device", gpu="h200").records[0]
+    assert datasheets.by_name("H200").l2_mb == saved["l2_bytes"] / 2**20
 
 
 def test_lookup_rejects_bad_input():

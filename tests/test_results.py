@@ -75,6 +75,8 @@ def test_a_topic_is_read_from_this_gpu_then_the_reference_then_the_h200(tmp_resu
     assert results.source_gpu("ceilings", prefer="l4") == "l4"
     assert results.source_gpu("ceilings", prefer="a10") == results.REFERENCE_GPU
     assert results.source_gpu("finetune", prefer="l4") == "h200"
+    write("h200x2", "fsdp")
+    assert results.source_gpu("fsdp", gpus=2) == "h200x2"
     with pytest.raises(FileNotFoundError, match="no results for topic 'serving'"):
         results.source_gpu("serving", prefer="l4")
 

@@ -70,7 +70,8 @@ def _l2_cliff() -> tuple[float, str]:
     l2, hbm = (memory_hierarchy.level_value(bandwidth, "gbps", windows[level]) for level in ("L2", "HBM"))
     return l2 / hbm, (f"results/h200/memory_hierarchy.json ({saved.describe()}): median bandwidth over the L2 "
                       f"window {l2:,.0f} GB/s, over the HBM window {hbm:,.0f} GB/s "
-                      "(memory_hierarchy.level_windows for the H200's 50 MB L2, as in section 2); ratio L2 / HBM")
+                      f"(memory_hierarchy.level_windows for the H200's {datasheets.by_name('H200').l2_mb:g} MB L2, "
+                      "as in section 2); ratio L2 / HBM")
 
 
 L2_CLIFF = NumberCheck(
