@@ -1,6 +1,7 @@
 """What the two nf4 kernels (``nf4_matvec``: one row of x; ``nf4_matmul_tile``: several rows) share, as
-``@triton.jit`` helpers: which weight and tile a program owns, the load of one chunk of packed codes and
-scales, the decode of the scales, the order of the eight codes of a word, and the store of the results.
+``@triton.jit`` helpers: which weight, rows and slice of K a program owns, its rows' pointers, the head of
+the chunk loop (the load of one chunk of packed codes and scales, one step ahead with PREFETCH, and the
+decode of the scales), the order of the eight codes of a word, and the store of the results.
 
 A program ``(i, s)`` owns ``BLOCK_N`` output columns of one weight and the ``s``-th slice of K, walked in
 chunks of ``BLOCK_K`` elements (a multiple of the quantisation ``blocksize``, QB). A chunk is, per row of
@@ -16,11 +17,14 @@ from .. import device as _device  # noqa: F401  (first: sets TRITON_INTERPRET be
 
 
 @triton.jit
-def _program_weight(pid_n, N, N_0, N_1, W, ABSMAX, ABSMAX2, OFFSET, W_1, ABSMAX_1, ABSMAX2_1, OFFSET_1,
+def _program_weight(N, N_0, N_1, W, ABSMAX, ABSMAX2, OFFSET, W_1, ABSMAX_1, ABSMAX2_1, OFFSET_1,
                     W_2, ABSMAX_2, ABSMAX2_2, OFFSET_2, BLOCK_N: tl.constexpr, WEIGHTS: tl.constexpr):
     """WEIGHTS (1 to 3) weights of N_0, N_1 and N - N_0 - N_1 rows in one launch: the first programs along
-    axis 0 take W, the next W_1, then W_2. Returns program ``pid_n``'s weight (its packed words, scales,
-    nested scales, offset), its tile of that weight, the weight's rows and its first row of all N."""
+    axis 0 take W, the next W_1, then W_2. Returns program ``(pid_n, pid_k)``'s weight (its packed words,
+    scales, nested scales, offset), ``pid_k`` (its slice of K), its BLOCK_N rows ``rn`` of that weight, the
+    weight's rows and its first row of all N."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
     tile, rows, first_row = pid_n, N_0, 0
     if WEIGHTS > 1:
         if pid_n >= tl.cdiv(N_0, BLOCK_N):
@@ -31,7 +35,18 @@ def _program_weight(pid_n, N, N_0, N_1, W, ABSMAX, ABSMAX2, OFFSET, W_1, ABSMAX_
             W, ABSMAX, ABSMAX2, OFFSET = W_2, ABSMAX_2, ABSMAX2_2, OFFSET_2
             tile = pid_n - tl.cdiv(N_0, BLOCK_N) - tl.cdiv(N_1, BLOCK_N)
             rows, first_row = N - N_0 - N_1, N_0 + N_1
-    return W, ABSMAX, ABSMAX2, OFFSET, tile, rows, first_row
+    rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    return W, ABSMAX, ABSMAX2, OFFSET, pid_k, rn, rows, first_row
+
+
+@triton.jit
+def _row_setup(W, rn, K, QB: tl.constexpr):
+    """For the program's rows ``rn`` of its weight: the quantisation blocks per row of W, the pointers to
+    each row's packed words [BLOCK_N, 1] and each row's first block index [BLOCK_N, 1]."""
+    groups = K // QB                   # quantisation blocks per row of W
+    w_rows = W + rn.to(tl.int64)[:, None] * tl.multiple_of(K // 8, 4)  # K: a multiple of blocksize >= 32
+    s_rows = rn[:, None] * groups      # block index of each row's start (the host checks N * K / QB < 2**31)
+    return groups, w_rows, s_rows
 
 
 @triton.jit
@@ -59,6 +74,39 @@ def _chunk_scales(raw, g, g_ok, CODE2, ABSMAX2, offset, s_rows, n_ok, NESTED: tl
     else:
         scale = raw.to(tl.float32)
     return scale
+
+
+@triton.jit
+def _slice_chunks(pid_k, chunks_per_split, K, w_rows, ABSMAX, s_rows, n_ok, groups, rg, rv, BLOCK_K: tl.constexpr,
+                  G: tl.constexpr, WPB: tl.constexpr, PREFETCH: tl.constexpr):
+    """Slice ``pid_k``'s chunks ``[first, last)`` of K (``chunks_per_split`` a slice) and what ``_chunk``
+    takes as the prefetched chunk in the first loop step: PREFETCH: chunk ``first``'s words and raw scales
+    (``_load_chunk``); else placeholders that ``_chunk`` hands back untouched."""
+    first = pid_k * chunks_per_split
+    last = tl.minimum(first + chunks_per_split, tl.cdiv(K, BLOCK_K))
+    if PREFETCH:
+        word, raw = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, first, last, groups, rg, rv, G, WPB)
+    else:
+        word, raw = first, first
+    return first, last, word, raw
+
+
+@triton.jit
+def _chunk(c, word_next, raw_next, w_rows, ABSMAX, s_rows, n_ok, last, groups, rg, rv, CODE2, ABSMAX2, offset,
+           G: tl.constexpr, WPB: tl.constexpr, NESTED: tl.constexpr, NESTED_QB: tl.constexpr, PREFETCH: tl.constexpr):
+    """One loop step's weights: chunk ``c``'s words [BLOCK_N, G * WPB] and fp32 scales [BLOCK_N, G], and the
+    prefetched next chunk. PREFETCH: chunk ``c`` is ``word_next, raw_next`` (loaded in the last step, or by
+    ``_slice_chunks``) and chunk ``c + 1`` is loaded for the next step; else chunk ``c`` is loaded now and
+    ``word_next, raw_next`` come back as they went in."""
+    g = c * G + rg                     # block index along the row, [G]
+    g_ok = g < groups
+    if PREFETCH:
+        word, raw = word_next, raw_next
+        word_next, raw_next = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, c + 1, last, groups, rg, rv, G, WPB)
+    else:
+        word, raw = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, c, last, groups, rg, rv, G, WPB)
+    scale = _chunk_scales(raw, g, g_ok, CODE2, ABSMAX2, offset, s_rows, n_ok, NESTED, NESTED_QB)
+    return word, scale, word_next, raw_next
 
 
 @triton.jit

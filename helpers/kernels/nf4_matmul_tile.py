@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .. import device as _device  # noqa: F401  (first: sets TRITON_INTERPRET before the kernels are defined)
-from .nf4_chunks import _chunk_scales, _codes, _join8, _load_chunk, _program_weight, _store_tile
+from .nf4_chunks import _chunk, _codes, _join8, _program_weight, _row_setup, _slice_chunks, _store_tile
 from .nf4_ptx import PTX_BF16, PTX_FP16, _table_planes
 from .rounding import round_to_bf16, silu_mul
 
@@ -71,39 +71,26 @@ def _nf4_matmul_tile_kernel(X, GATE, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BI
     G: tl.constexpr = BLOCK_K // QB    # quantisation blocks per chunk
     WPB: tl.constexpr = QB // 8        # 32-bit words of codes per quantisation block
     DTYPE: tl.constexpr = X.dtype.element_ty
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    W, ABSMAX, ABSMAX2, OFFSET, tile, rows, first_row = _program_weight(
-        pid_n, N, N_0, N_1, W, ABSMAX, ABSMAX2, OFFSET, W_1, ABSMAX_1, ABSMAX2_1, OFFSET_1,
+    W, ABSMAX, ABSMAX2, OFFSET, pid_k, rn, rows, first_row = _program_weight(
+        N, N_0, N_1, W, ABSMAX, ABSMAX2, OFFSET, W_1, ABSMAX_1, ABSMAX2_1, OFFSET_1,
         W_2, ABSMAX_2, ABSMAX2_2, OFFSET_2, BLOCK_N, WEIGHTS)
-    rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
     rg = tl.arange(0, G)
     rv = tl.arange(0, G * WPB)         # the chunk's words along a row
     rk = tl.arange(0, BLOCK_K)
     n_ok = rn < rows
     m_ok = rm < M
-    groups = K // QB                   # quantisation blocks per row of W
-    w_rows = W + rn.to(tl.int64)[:, None] * tl.multiple_of(K // 8, 4)  # K: a multiple of blocksize >= 32
-    s_rows = rn[:, None] * groups      # block index of each row's start (the host checks N * K / QB < 2**31)
+    groups, w_rows, s_rows = _row_setup(W, rn, K, QB)
     x_rows = X + rm.to(tl.int64)[:, None] * stride_xm
     g_rows = GATE + rm.to(tl.int64)[:, None] * stride_xm  # the gate has x's strides
     offset = tl.load(OFFSET) if NESTED else 0.0
     planes = _table_planes(CODE, tl.float16) if ASM else None  # the table as byte planes for the PTX
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    first = pid_k * chunks_per_split
-    last = tl.minimum(first + chunks_per_split, tl.cdiv(K, BLOCK_K))
-    if PREFETCH:
-        word_next, raw_next = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, first, last, groups, rg, rv, G, WPB)
+    first, last, word_next, raw_next = _slice_chunks(pid_k, chunks_per_split, K, w_rows, ABSMAX, s_rows, n_ok, groups,
+                                                     rg, rv, BLOCK_K, G, WPB, PREFETCH)
     for c in tl.range(first, last, num_stages=STAGES):
-        g = c * G + rg                 # block index along the row, [G]
-        g_ok = g < groups
-        if PREFETCH:  # this chunk's words and scales were loaded in the last step; load the next one's
-            word, raw = word_next, raw_next
-            word_next, raw_next = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, c + 1, last, groups, rg, rv, G, WPB)
-        else:
-            word, raw = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, c, last, groups, rg, rv, G, WPB)
-        scale = _chunk_scales(raw, g, g_ok, CODE2, ABSMAX2, offset, s_rows, n_ok, NESTED, NESTED_QB)
+        word, scale, word_next, raw_next = _chunk(c, word_next, raw_next, w_rows, ABSMAX, s_rows, n_ok, last, groups,
+                                                  rg, rv, CODE2, ABSMAX2, offset, G, WPB, NESTED, NESTED_QB, PREFETCH)
         # the scaled weights in x's dtype: one scale per word
         scale = tl.reshape(tl.broadcast_to(scale[:, :, None], [BLOCK_N, G, WPB]), [BLOCK_N, G * WPB])
         w = tl.reshape(_dequant_words(word, scale, CODE, planes, DTYPE, ASM), [BLOCK_N, BLOCK_K])

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .. import device as _device  # noqa: F401  (first: sets TRITON_INTERPRET before the kernels are defined)
-from .nf4_chunks import _chunk_scales, _codes, _load_chunk, _program_weight, _store_tile
+from .nf4_chunks import _chunk, _codes, _program_weight, _row_setup, _slice_chunks, _store_tile
 from .nf4_ptx import PTX_DOT, _row_value, _table_planes
 from .rounding import silu_mul
 
@@ -72,19 +72,13 @@ def _nf4_matmul_row_kernel(X, GATE, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIA
     of the weights before it. ASM: the PTX; else a lookup per weight in CODE."""
     G: tl.constexpr = BLOCK_K // QB    # quantisation blocks per chunk
     WPB: tl.constexpr = QB // 8        # 32-bit words of codes per quantisation block
-    DTYPE: tl.constexpr = X.dtype.element_ty
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    W, ABSMAX, ABSMAX2, OFFSET, tile, rows, first_row = _program_weight(
-        pid_n, N, N_0, N_1, W, ABSMAX, ABSMAX2, OFFSET, W_1, ABSMAX_1, ABSMAX2_1, OFFSET_1,
+    W, ABSMAX, ABSMAX2, OFFSET, pid_k, rn, rows, first_row = _program_weight(
+        N, N_0, N_1, W, ABSMAX, ABSMAX2, OFFSET, W_1, ABSMAX_1, ABSMAX2_1, OFFSET_1,
         W_2, ABSMAX_2, ABSMAX2_2, OFFSET_2, BLOCK_N, WEIGHTS)
-    rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rg = tl.arange(0, G)
     rv = tl.arange(0, G * WPB)         # the chunk's words along a row
     n_ok = rn < rows
-    groups = K // QB                   # quantisation blocks per row of W
-    w_rows = W + rn.to(tl.int64)[:, None] * tl.multiple_of(K // 8, 4)  # K: a multiple of blocksize >= 32
-    s_rows = rn[:, None] * groups      # block index of each row's start (the host checks N * K / QB < 2**31)
+    groups, w_rows, s_rows = _row_setup(W, rn, K, QB)
     offset = tl.load(OFFSET) if NESTED else 0.0
     planes = _table_planes(CODE, tl.float32) if ASM else None  # the table as byte planes for the PTX
     r2 = tl.arange(0, 2)
@@ -92,19 +86,11 @@ def _nf4_matmul_row_kernel(X, GATE, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIA
     x_cols = ((rv * 8)[:, None, None, None] + (4 * r2)[None, :, None, None] + (2 * r2)[None, None, :, None]
               + r2[None, None, None, :])
     acc_row = tl.zeros([BLOCK_N, G], dtype=tl.float32)  # per quantisation block of the chunk: summed at the end
-    first = pid_k * chunks_per_split
-    last = tl.minimum(first + chunks_per_split, tl.cdiv(K, BLOCK_K))
-    if PREFETCH:
-        word_next, raw_next = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, first, last, groups, rg, rv, G, WPB)
+    first, last, word_next, raw_next = _slice_chunks(pid_k, chunks_per_split, K, w_rows, ABSMAX, s_rows, n_ok, groups,
+                                                     rg, rv, BLOCK_K, G, WPB, PREFETCH)
     for c in tl.range(first, last, num_stages=STAGES):
-        g = c * G + rg                 # block index along the row, [G]
-        g_ok = g < groups
-        if PREFETCH:  # this chunk's words and scales were loaded in the last step; load the next one's
-            word, raw = word_next, raw_next
-            word_next, raw_next = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, c + 1, last, groups, rg, rv, G, WPB)
-        else:
-            word, raw = _load_chunk(w_rows, ABSMAX, s_rows, n_ok, c, last, groups, rg, rv, G, WPB)
-        scale = _chunk_scales(raw, g, g_ok, CODE2, ABSMAX2, offset, s_rows, n_ok, NESTED, NESTED_QB)
+        word, scale, word_next, raw_next = _chunk(c, word_next, raw_next, w_rows, ABSMAX, s_rows, n_ok, last, groups,
+                                                  rg, rv, CODE2, ABSMAX2, offset, G, WPB, NESTED, NESTED_QB, PREFETCH)
         x_ok = (c * G * WPB + rv < groups * WPB)[:, None, None, None]
         xv = tl.load(X + c * BLOCK_K + x_cols, mask=x_ok, other=0.0)
         if SWIGLU:
@@ -115,7 +101,7 @@ def _nf4_matmul_row_kernel(X, GATE, W, CODE, ABSMAX, ABSMAX2, CODE2, OFFSET, BIA
                                          x7[None]), planes)
         else:  # a lookup per weight; for 16-bit x the table the PTX makes
             value = tl.load(CODE + _codes(word))
-            if DTYPE != tl.float32:
+            if X.dtype.element_ty != tl.float32:
                 value = _row_value(value)
             per_word = tl.sum(tl.sum(tl.sum(value * xv.to(tl.float32)[None], axis=4), axis=3), axis=2)
         acc_row += tl.sum(tl.reshape(per_word, [BLOCK_N, G, WPB]), axis=2) * scale  # each block scaled once
