@@ -24,7 +24,7 @@ class GpuSpec:
 
     name: str
     architecture: str
-    year: int
+    year: int | None  # None: a row measured on the card (studies.roofline.measured_spec), not a datasheet's
     bf16_tflops: float | None  # dense tensor-core bf16, fp32 accumulate
     fp16_tflops: float  # dense tensor-core fp16, fp32 accumulate
     tf32_tflops: float | None  # dense tensor-core tf32

@@ -95,6 +95,20 @@ def _instant_power(pynvml, handle) -> float | None:
     return value.value.uiVal / 1e3 if value.nvmlReturn == pynvml.NVML_SUCCESS else None
 
 
+def card_limits(index: int | None = None) -> tuple[int | None, int | None]:
+    """GPU ``index``'s highest SM clock (MHz) and its power limit (W) as NVML reports them; None where it cannot."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = _nvml_handle(pynvml, index)
+        clock = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
+        power = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) // 1000
+    except Exception:  # no nvidia-ml-py, no driver, or an NVML too old for one of the calls
+        return None, None
+    return int(clock), int(power)
+
+
 def _nvml_handle(pynvml, index: int | None):
     """NVML's handle for a CUDA device; matched by UUID because NVML and CUDA may number GPUs differently."""
     if index is None and torch.cuda.is_available():

@@ -1,11 +1,13 @@
 """helpers.studies.roofline: the model, the operations' intensities, the dial sweep and its knee."""
+import json
 import math
+from types import SimpleNamespace
 
 import pytest
 
 from stand_ins import fixed_timer
+from helpers import datasheets, monitor, results
 from helpers.studies import roofline
-from helpers import datasheets
 
 
 def test_roof_model():
@@ -71,9 +73,44 @@ def test_knee_on_a_synthetic_roofline():
         roofline.knee(recs[:1])
 
 
-def test_card_spec_names_its_source():
+def test_card_spec_without_a_gpu_is_the_reference_h100s_row(monkeypatch):
+    monkeypatch.setattr(roofline, "HAS_CUDA", False)
     spec, note = roofline.card_spec()
-    assert isinstance(spec, datasheets.GpuSpec) and spec.name in note
+    assert spec == datasheets.by_name("H100 SXM") and "reference H100" in note
+
+
+FAKE_PROPS = SimpleNamespace(name="NVIDIA Unlisted 24GB", major=8, minor=6, total_memory=24 * 10**9,
+                             L2_cache_size=6 * 2**20, multi_processor_count=72,
+                             shared_memory_per_multiprocessor=100 * 1024)
+FAKE_CEILINGS = [{"what": "copy", "gbps": 540.0}, {"what": "matmul", "dtype": "bf16", "tflops": 95.0},
+                 {"what": "matmul", "dtype": "tf32", "tflops": 48.0},
+                 {"what": "matmul", "dtype": "fp32", "tflops": 26.0}]
+
+
+def test_a_gpu_without_a_datasheet_row_gets_one_from_its_properties_and_measured_ceilings(monkeypatch):
+    monkeypatch.setattr(monitor, "card_limits", lambda index=None: (1695, 150))
+    spec = roofline.measured_spec(FAKE_CEILINGS, FAKE_PROPS)
+    assert (spec.name, spec.architecture, spec.sms, spec.l2_mb, spec.smem_per_sm_kb) == \
+        ("NVIDIA Unlisted 24GB", "Ampere", 72, 6, 100)
+    assert (spec.bandwidth_gbps, spec.tensor_tflops, spec.tf32_tflops, spec.fp32_tflops) == (540.0, 95.0, 48.0, 26.0)
+    assert (spec.boost_mhz, spec.tdp_w, spec.year) == (1695, 150, None) and "measured" in spec.source
+    assert roofline.spec_roof(spec).ridge == pytest.approx(95e3 / 540)
+    with pytest.raises(ValueError, match="missing \\['fp32'\\]"):
+        roofline.measured_spec(FAKE_CEILINGS[:3], FAKE_PROPS)
+
+
+def test_card_spec_of_an_unlisted_gpu_reads_the_ceilings_notebook_00_saved(monkeypatch, tmp_path):
+    monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path))
+    (tmp_path / "unlisted-24gb").mkdir()
+    saved = {"provenance": {}, "records": FAKE_CEILINGS}
+    (tmp_path / "unlisted-24gb" / "ceilings.json").write_text(json.dumps(saved))
+    monkeypatch.setattr(roofline, "HAS_CUDA", True)
+    monkeypatch.setattr(roofline, "gpu_name", lambda: FAKE_PROPS.name)
+    monkeypatch.setattr(results, "gpu_slug", lambda name=None, count=1: "unlisted-24gb")
+    monkeypatch.setattr(roofline.torch.cuda, "get_device_properties", lambda device=None: FAKE_PROPS)
+    monkeypatch.setattr(monitor, "card_limits", lambda index=None: (None, None))
+    spec, note = roofline.card_spec()
+    assert spec.bandwidth_gbps == 540.0 and "no datasheet row for NVIDIA Unlisted 24GB" in note
 
 
 def test_generations_and_plot():

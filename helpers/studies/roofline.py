@@ -4,12 +4,13 @@ intensity of the course's operations; the intensity-dial sweep; the plots.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import torch
 
-from .. import bench, datasheets
+from .. import bench, datasheets, results
 from ..device import DEVICE, HAS_CUDA, gpu_name, pick
 from ..kernels.probes import intensity_dial
 
@@ -47,14 +48,50 @@ def spec_roof(spec: datasheets.GpuSpec, unit: str = "tensor") -> Roof:
     return Roof(f"{spec.name} {'bf16 tensor' if unit == 'tensor' else 'fp32'}", peak * 1e3, spec.bandwidth_gbps)
 
 
-def card_spec(stand_in: str = "H200") -> tuple[datasheets.GpuSpec, str]:
-    """This GPU's datasheet row and a note on where it came from; without a GPU (or without a row for
-    it) the row ``stand_in``, labelled as such."""
-    spec = datasheets.lookup(gpu_name()) if HAS_CUDA else None
+# the architecture of each compute capability the course runs on (CUDA C++ Programming Guide, compute capabilities)
+ARCHITECTURES = {(7, 5): "Turing", (8, 0): "Ampere", (8, 6): "Ampere", (8, 7): "Ampere", (8, 9): "Ada Lovelace",
+                 (9, 0): "Hopper"}
+
+
+def measured_spec(ceilings: list[dict], props=None) -> datasheets.GpuSpec:
+    """A row for this GPU without a datasheet one: its own properties (``props``: the CUDA device's), NVML's
+    highest clock and power limit, and in place of the datasheet's peaks the ceilings measured on it
+    (notebook 00's ``ceilings`` records: the copy and the bf16, tf32 and fp32 matmuls). Measured ceilings sit
+    below datasheet peaks: ridge points and shares of the peak read against them are the card's practical ones."""
+    props = props or torch.cuda.get_device_properties(DEVICE)
+    got = {r.get("dtype", r["what"]): r for r in ceilings}
+    missing = [k for k in ("copy", "bf16", "fp32") if k not in got]
+    if missing:
+        raise ValueError(f"measured_spec needs the copy and the bf16 and fp32 matmul ceilings; missing {missing}")
+    from ..monitor import card_limits
+
+    boost_mhz, tdp_w = card_limits()
+    tensor = got["bf16"]["tflops"]
+    return datasheets.GpuSpec(
+        props.name, ARCHITECTURES.get((props.major, props.minor), f"sm_{props.major}{props.minor}"), None,
+        tensor, tensor, got["tf32"]["tflops"] if "tf32" in got else None, got["fp32"]["tflops"],
+        props.total_memory / 1e9, got["copy"]["gbps"], props.L2_cache_size / 2**20, props.multi_processor_count,
+        getattr(props, "shared_memory_per_multiprocessor", 0) // 1024, boost_mhz, tdp_w, None, 0,
+        "measured here: the copy and matmul ceilings of notebook 00 in place of datasheet peaks; the rest from the "
+        "driver", re.escape(props.name))
+
+
+def card_spec(ceilings: list[dict] | None = None) -> tuple[datasheets.GpuSpec, str]:
+    """This GPU's datasheet row and a note on where it came from. A GPU without a row gets one from its own
+    properties and measured ceilings (:func:`measured_spec`): ``ceilings`` measured in this run, else the ones
+    notebook 00 saved for it, else measured now. Without a GPU: the reference H100's row, labelled as such."""
+    if not HAS_CUDA:
+        return datasheets.by_name("H100 SXM"), "no GPU here: the reference H100's datasheet row stands in"
+    spec = datasheets.lookup(gpu_name())
     if spec is not None:
         return spec, f"datasheet row {spec.name!r} for {gpu_name()}"
-    why = "no GPU here" if not HAS_CUDA else f"no datasheet row for {gpu_name()}"
-    return datasheets.by_name(stand_in), f"{why}: datasheet row {stand_in!r} stands in"
+    if ceilings is None:
+        try:
+            ceilings = results.load("ceilings", gpu=results.gpu_slug()).records
+        except FileNotFoundError:
+            ceilings = [bench.copy_bandwidth(), *(bench.matmul_tflops(d) for d in ("bf16", "tf32", "fp32"))]
+    return measured_spec(ceilings), (f"no datasheet row for {gpu_name()}: its own properties and the ceilings "
+                                     "measured on it stand in for the datasheet's peaks")
 
 
 # FLOPs per element (tanh and exp counted as one operation each): the counting convention of the course.
