@@ -12,6 +12,7 @@ import re
 from dataclasses import asdict, dataclass
 
 _AMPERE_WP = "https://images.nvidia.com/aem-dam/en-zz/Solutions/data-center/nvidia-ampere-architecture-whitepaper.pdf"
+_GA102_WP = "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf"
 _ADA_WP = "https://images.nvidia.com/aem-dam/Solutions/Data-Center/l4/nvidia-ada-gpu-architecture-whitepaper-v2.1.pdf"
 _HOPPER_WP = "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper"
 _VOLTA_WP = "https://images.nvidia.com/content/volta-architecture/pdf/volta-architecture-whitepaper.pdf"
@@ -77,11 +78,21 @@ SPECS: tuple[GpuSpec, ...] = (
     GpuSpec("A100 80GB PCIe", "Ampere", 2020, 312.0, 312.0, 156.0, 19.5, 80, 1935, 40, 108, 164, 1410, 300, 600, 7,
             "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf "
             "(NVLink through a bridge, two cards); " + _AMPERE_WP, r"A100 80GB PCIe"),
+    GpuSpec("A10", "Ampere", 2021, 125.0, 125.0, 62.5, 31.2, 24, 600, 6, 72, 100, 1695, 150, None, 0,
+            "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/datasheet-new/nvidia-a10-datasheet.pdf; "
+            "SMs, L2 and shared memory: " + _GA102_WP, r"\bA10\b"),
+    GpuSpec("RTX A6000", "Ampere", 2020, 154.8, 154.8, 77.4, 38.7, 48, 768, 6, 84, 100, 1800, 300, 112.5, 0,
+            "https://www.nvidia.com/en-us/design-visualization/rtx-a6000/ (datasheet: 309.7 TFLOPS of tensor "
+            "performance with sparsity, so 154.8 dense; NVLink through a bridge, two cards); " + _GA102_WP
+            + " (appendix table); the seed's \"10,752 CUDA cores\" card", r"RTX A6000"),
     GpuSpec("RTX 6000 Ada", "Ada Lovelace", 2022, 364.2, 364.2, 182.1, 91.1, 48, 960, 96, 142, 100, 2505, 300, None, 0,
             "https://www.nvidia.com/content/dam/en-zz/Solutions/design-visualization/rtx-6000/proviz-print-rtx6000-datasheet-web-2504660.pdf; "
             + _ADA_WP + " (appendix table)", r"RTX 6000 Ada"),
     GpuSpec("L40S", "Ada Lovelace", 2023, 362.05, 362.05, 183.0, 91.6, 48, 864, 96, 142, 100, 2520, 350, None, 0,
             "https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413; " + _ADA_WP, r"\bL40S\b"),
+    GpuSpec("L40", "Ada Lovelace", 2022, 181.05, 181.05, 90.5, 90.5, 48, 864, 96, 142, 100, 2490, 300, None, 0,
+            "https://images.nvidia.com/content/Solutions/data-center/vgpu-L40-datasheet.pdf (dense: half its figures "
+            "with sparsity); " + _ADA_WP, r"\bL40\b"),
     GpuSpec("RTX 4090", "Ada Lovelace", 2022, 165.2, 165.2, 82.6, 82.6, 24, 1008, 72, 128, 100, 2520, 450, None, 0,
             _ADA_WP + " (appendix table: GeForce rates with fp32 accumulate are half the fp16-accumulate ones)",
             r"RTX 4090"),
@@ -93,6 +104,10 @@ SPECS: tuple[GpuSpec, ...] = (
     GpuSpec("H100 PCIe", "Hopper", 2022, 756.0, 756.0, 378.0, 51.2, 80, 2000, 50, 114, 228, 1755, 350, 600, 7,
             "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet "
             "(NVLink through a bridge); " + _HOPPER_WP, r"H100 PCIe"),
+    GpuSpec("H100 NVL", "Hopper", 2023, 835.5, 835.5, 417.5, 60.0, 94, 3900, 50, 132, 228, 1785, 400, 600, 7,
+            "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet (H100 NVL column; "
+            "dense: half its figures with sparsity; NVLink through a bridge, two cards); " + _HOPPER_WP,
+            r"H100 NVL"),
     GpuSpec("H200", "Hopper", 2024, 989.4, 989.4, 494.7, 66.9, 141, 4800, 60, 132, 228, 1980, 700, 900, 7,
             "https://nvdam.widen.net/s/nb5zzzsjdf/hpc-datasheet-sc23-h200-datasheet-3002446 (SXM: rates as H100 SXM); "
             "SMs, shared memory and clock from " + _HOPPER_WP + " (the datasheet omits them); L2: 60 MiB, as the "

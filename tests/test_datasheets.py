@@ -2,8 +2,8 @@ import pytest
 
 from helpers import datasheets, results
 
-REQUIRED = ["V100 SXM2", "A100 40GB SXM", "A100 40GB PCIe", "A100 80GB SXM", "RTX 6000 Ada", "L40S",
-            "RTX 4090", "L4", "T4", "H100 SXM", "H200"]
+REQUIRED = ["V100 SXM2", "A100 40GB SXM", "A100 40GB PCIe", "A100 80GB SXM", "A10", "RTX A6000", "RTX 6000 Ada",
+            "L40", "L40S", "RTX 4090", "L4", "T4", "H100 SXM", "H100 NVL", "H200"]
 
 
 @pytest.mark.parametrize("name", REQUIRED)
@@ -26,6 +26,10 @@ def test_required_cards_have_complete_cited_rows(name):
     ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"),
     ("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada"),
     ("NVIDIA L40S", "L40S"),
+    ("NVIDIA L40", "L40"),
+    ("NVIDIA A10", "A10"),
+    ("NVIDIA RTX A6000", "RTX A6000"),
+    ("NVIDIA H100 NVL", "H100 NVL"),
     ("NVIDIA GeForce RTX 4090", "RTX 4090"),
     ("NVIDIA L4", "L4"),
     ("Tesla T4", "T4"),
@@ -38,8 +42,8 @@ def test_lookup_by_driver_name(device_name, expected):
 def test_lookup_does_not_confuse_similar_names():
     assert datasheets.lookup("NVIDIA H200 NVL") is None  # a different power/clock envelope: not in the table
     assert datasheets.lookup("NVIDIA GH200 480GB") is None  # the Grace Hopper superchip: another memory and TDP
-    assert datasheets.lookup("NVIDIA L40") is None
-    assert datasheets.lookup("NVIDIA RTX A6000") is None
+    assert datasheets.lookup("NVIDIA A10G") is None  # AWS's variant: other SMs and tensor rates, no public datasheet
+    assert datasheets.lookup("NVIDIA A100-SXM4-40GB").name == "A100 40GB SXM"  # not the A10
 
 
 def test_h200_l2_is_what_its_driver_reports():
