@@ -9,7 +9,8 @@ from helpers.results import REPO_ROOT
 # lowest first; a module's floor is the first whose prefix names it
 FLOORS = [
     ("foundation", ("helpers.device", "helpers.bench", "helpers.results", "helpers.datasheets", "helpers.monitor",
-                    "helpers.plots", "helpers.children", "helpers.notebook_files", "helpers.ncu")),
+                    "helpers.plots", "helpers.children", "helpers.notebook_files", "helpers.ncu",
+                    "helpers.card_fit")),
     ("kernels", ("helpers.kernels",)),
     ("model", ("helpers.llama",)),
     ("studies and experiment", ("helpers.studies", "helpers.finetune")),
