@@ -118,6 +118,11 @@ class Result:
                 f"triton {p.get('triton')}), commit {(p.get('git_commit') or 'not recorded')[:12]}, "
                 f"{p.get('timestamp')}")
 
+    def short(self) -> str:
+        """A line's worth of provenance: "NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, Triton 3.6.0)"."""
+        p = self.provenance
+        return f"{p.get('gpu')} (torch {p.get('torch')}, Triton {p.get('triton')})"
+
 
 def _check_topic(topic: str) -> None:
     if not isinstance(topic, str) or not _TOPIC.match(topic):
@@ -205,3 +210,8 @@ def load(topic: str, gpu: str | None = None, scale: str = "full") -> Result:
                                 f"available for: {known or 'no GPU yet'}")
     data = json.loads(path.read_text())
     return Result(path, data["provenance"], data["records"])
+
+
+def reference(topic: str) -> Result:
+    """The committed run of ``topic`` to show beside a learner's own: the reference H100's, else the H200's."""
+    return load(topic, gpu=source_gpu(topic, prefer=REFERENCE_GPU))

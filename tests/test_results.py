@@ -79,6 +79,8 @@ def test_a_topic_is_read_from_this_gpu_then_the_reference_then_the_h200(tmp_resu
     assert results.source_gpu("fsdp", gpus=2) == "h200x2"
     with pytest.raises(FileNotFoundError, match="no results for topic 'serving'"):
         results.source_gpu("serving", prefer="l4")
+    assert results.reference("ceilings").path.parent.name == results.REFERENCE_GPU  # not this machine's "l4"
+    assert results.reference("finetune").path.parent.name == "h200"
 
 
 def test_smoke_runs_never_write_into_committed_results(monkeypatch):
