@@ -11,6 +11,7 @@ import helpers  # noqa: F401  (before triton: switches it to the interpreter wit
 import triton
 import triton.language as tl
 from helpers.exercises import CHECKS, CodeCheck, NumberCheck, ex01, ex02, ex04, ex05, ex07, ex09
+from helpers.exercises.checks import Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE_IDS = sorted(i for i, c in CHECKS.items() if isinstance(c, CodeCheck))
@@ -163,14 +164,14 @@ def test_every_code_exercise_has_planted_bugs():
 @pytest.mark.parametrize("check_id", sorted(CHECKS))
 def test_solution_passes(check_id, capsys):
     check = CHECKS[check_id]
-    assert check.check(check.solution) is True, capsys.readouterr().out
+    assert check.check(check.solution).passed is True, capsys.readouterr().out
 
 
 @pytest.mark.parametrize("check_id", CODE_IDS)
 def test_code_check_fails_wrong_answers(check_id, capsys):
     check = CHECKS[check_id]
     for answer in [scaled(check.solution), *PLANTED[check_id]]:
-        assert check.check(answer, seed=1) is False, f"{getattr(answer, '__name__', answer)} passed"
+        assert check.check(answer, seed=1).passed is False, f"{getattr(answer, '__name__', answer)} passed"
         out = capsys.readouterr().out
         assert "Hints:" in out and "not yet" in out
 
@@ -180,11 +181,11 @@ def test_number_check_fails_beyond_tolerance(check_id, capsys):
     check = CHECKS[check_id]
     value = check.solution
     margin = 3 * check.tolerance * (abs(value) if check.relative else 1)
-    assert check.check(value + margin) is False
-    assert check.check(value - margin) is False
-    assert check.check(float("nan")) is False and check.check("12") is False
+    assert check.check(value + margin).passed is False
+    assert check.check(value - margin).passed is False
+    assert check.check(float("nan")).passed is False and check.check("12").passed is False
     for other in set(check.choices or ()) - {value}:  # a multiple choice: every other option is wrong
-        assert check.check(other) is False
+        assert check.check(other).passed is False
     out = capsys.readouterr().out
     assert "How the reference is obtained" in out and "must be" in out
 
@@ -197,7 +198,7 @@ def test_skeleton_is_not_attempted(check_id, capsys):
     check = CHECKS[check_id]
     answers = [None, skeleton] if isinstance(check, CodeCheck) else [None]
     for answer in answers:
-        assert check.check(answer) is False
+        assert check.check(answer).passed is False
         out = capsys.readouterr().out
         assert "not attempted yet" in out and f"CHECKS[{check_id!r}].solution" in out
 
@@ -213,14 +214,14 @@ def test_crash_and_wrong_shape_are_reported(check_id, capsys):
         out = check.solution(*args)
         return out[0][..., :-1] if isinstance(out, tuple) else out[..., :-1]
 
-    assert check.check(crashes, seed=1) is False
+    assert check.check(crashes, seed=1).passed is False
     out = capsys.readouterr().out
     assert "raised: ValueError: shape mismatch in my kernel" in out and "Hints:" in out
-    assert check.check(wrong_shape, seed=1) is False
+    assert check.check(wrong_shape, seed=1).passed is False
     out = capsys.readouterr().out
     assert ("shape: output 0 has shape" in out) or ("returned 1 tensors" in out)
-    assert check.check(lambda *args: None, seed=1) is False and "forget `return`" in capsys.readouterr().out
-    assert check.check(42) is False and "must be a function" in capsys.readouterr().out
+    assert check.check(lambda *args: None, seed=1).passed is False and "forget `return`" in capsys.readouterr().out
+    assert check.check(42).passed is False and "must be a function" in capsys.readouterr().out
 
 
 def test_not_implemented_deeper_down_is_a_crash(capsys):
@@ -228,14 +229,14 @@ def test_not_implemented_deeper_down_is_a_crash(capsys):
     def unsupported(*args):
         raise NotImplementedError("this op has no CPU kernel")
 
-    assert CHECKS["05.1"].check(lambda *args: unsupported(*args), seed=1) is False
+    assert CHECKS["05.1"].check(lambda *args: unsupported(*args), seed=1).passed is False
     out = capsys.readouterr().out
     assert "raised: NotImplementedError: this op has no CPU kernel" in out and "not attempted" not in out
 
 
 def test_unwritten_elements_are_caught(capsys):
     """The poisoned outputs make a store that misses the last column fail as "unwritten"."""
-    assert CHECKS["02.1"].check(softmax_store_off_by_one, seed=1) is False
+    assert CHECKS["02.1"].check(softmax_store_off_by_one, seed=1).passed is False
     assert "unwritten" in capsys.readouterr().out
 
 
@@ -245,7 +246,7 @@ def test_input_changed_is_caught(capsys):
         x.zero_()
         return out
 
-    assert CHECKS["01.1"].check(in_place_sum, seed=1) is False
+    assert CHECKS["01.1"].check(in_place_sum, seed=1).passed is False
     assert "inputs changed" in capsys.readouterr().out
 
 
@@ -292,3 +293,14 @@ def test_every_check_is_in_a_notebook():
     appendix = ["04a", "04b", "05a", "07a", "07b"]
     named = set().union(*(ids_in_notebook(n) for n in [f"{n:02d}" for n in range(0, 10)] + appendix))
     assert set(CHECKS) <= named, f"not in any notebook: {sorted(set(CHECKS) - named)}"
+
+
+def test_a_verdict_shows_no_out_value(capsys):
+    """A check cell's last value is the Verdict: IPython shows nothing for it (no stray "Out: False")."""
+    from IPython.core.formatters import DisplayFormatter
+
+    verdict = CHECKS["00.1"].check(None)
+    capsys.readouterr()
+    assert verdict.passed is False and not verdict and verdict == False  # noqa: E712
+    assert DisplayFormatter().format(verdict) == ({}, {})
+    assert Verdict(True) and Verdict(True) == True and repr(Verdict(True)) == "Verdict(passed=True)"  # noqa: E712

@@ -1,8 +1,8 @@
 """The two kinds of exercise check: code (run the learner's callable on fresh inputs, compare with a float64
 reference) and number (compare a prediction with a value computed from shapes, datasheets or results/).
 
-Every check has ``check(answer) -> bool``, which prints what it tried and never raises on a wrong
-answer, and ``solution``. An answer of ``None``, or a callable that raises ``NotImplementedError`` (the
+Every check has ``check(answer) -> Verdict`` (true when the answer is right), which prints what it tried and
+never raises on a wrong answer, and ``solution``. An answer of ``None``, or a callable that raises ``NotImplementedError`` (the
 skeleton as shipped), is "not attempted yet": the check says where the solution is and returns False.
 """
 from __future__ import annotations
@@ -37,17 +37,42 @@ DEFAULT_HINTS = {
 }
 
 
+class Verdict:
+    """A check's outcome: true when the answer is right. As a notebook cell's last value it shows nothing
+    (no ``Out: False`` under the check's own printout); ``passed`` is the plain bool."""
+
+    __slots__ = ("passed",)
+
+    def __init__(self, passed: bool) -> None:
+        self.passed = bool(passed)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __eq__(self, other: object) -> bool:
+        return self.passed == bool(other) if isinstance(other, (bool, Verdict)) else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.passed)
+
+    def __repr__(self) -> str:
+        return f"Verdict(passed={self.passed})"
+
+    def _ipython_display_(self) -> None:
+        """IPython shows this instead of an ``Out`` value: nothing, since the check printed its verdict."""
+
+
 class NotAttempted(Exception):
     """Raised inside a check when the answer is still the skeleton."""
 
 
-def _say_not_attempted(check_id: str, code: bool) -> bool:
+def _say_not_attempted(check_id: str, code: bool) -> Verdict:
     handle = f"CHECKS[{check_id!r}]"
     where = (f"The solution is `{handle}.solution` (its source: `inspect.getsource({handle}.solution)`)" if code else
              f"The reference is `{handle}.solution`, and `{handle}.explanation` says how it is obtained")
     print(f"{check_id}: not attempted yet. Write your answer in the cell above, run it, then run this cell again. "
           f"Stuck? {where}, in helpers/exercises/ex{check_id.split('.')[0]}.py.")
-    return False
+    return Verdict(False)
 
 
 @dataclass
@@ -128,13 +153,13 @@ class CodeCheck:
         self.in_place = in_place or {}
         self._tolerance = tolerance or (lambda case: TOLERANCE.get(case.dtype, 0.0))
 
-    def check(self, answer: Callable | None, seed: int | None = None) -> bool:
+    def check(self, answer: Callable | None, seed: int | None = None) -> Verdict:
         """Try ``answer`` on every case (fresh random inputs unless ``seed``), print a table and hints."""
         if answer is None:
             return _say_not_attempted(self.id, code=True)
         if not callable(answer):
             print(f"{self.id}: the answer must be a function (a callable), got {type(answer).__name__}.")
-            return False
+            return Verdict(False)
         seed = secrets.randbits(32) if seed is None else seed
         generator = torch.Generator().manual_seed(seed)
         rows, failures = [], []
@@ -153,9 +178,9 @@ class CodeCheck:
             for kind in dict.fromkeys(failures):
                 print(f"- {kind}: {self.hints.get(kind, DEFAULT_HINTS['value'])}")
             print(f"\n{self.id}: not yet; {len(failures)} of {len(rows)} cases failed.")
-            return False
+            return Verdict(False)
         print(f"\n{self.id}: correct on all {len(rows)} cases.")
-        return True
+        return Verdict(True)
 
     def _run(self, answer: Callable, case: Case, generator: torch.Generator) -> tuple[str, str, str]:
         args = self.make_inputs(case, generator)
@@ -247,16 +272,16 @@ class NumberCheck:
             return f"within {100 * self.tolerance:g}%"
         return f"within +-{self.tolerance:g} {self.unit}".rstrip()
 
-    def check(self, answer: float | int | None) -> bool:
+    def check(self, answer: float | int | None) -> Verdict:
         """Compare ``answer`` with the reference and print the reference, the rule and its derivation."""
         if answer is None:
             return _say_not_attempted(self.id, code=False)
         if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
             print(f"{self.id}: the answer must be a finite number, got {answer!r}.")
-            return False
+            return Verdict(False)
         if self.choices and answer not in self.choices:
             print(f"{self.id}: the answer must be one of {sorted(self.choices)}, got {answer!r}.")
-            return False
+            return Verdict(False)
         value, explanation = self._solve()
         bound = self.tolerance * abs(value) if self.relative else self.tolerance
         ok = abs(answer - value) <= bound
@@ -265,7 +290,7 @@ class NumberCheck:
         print(f"{self.id}: your answer {shown(answer)}; reference {shown(value)}; rule: {self.allowed()} -> "
               f"{'correct' if ok else 'not yet'}")
         print(f"How the reference is obtained: {explanation}")
-        return ok
+        return Verdict(ok)
 
 
 def _number(v: float) -> str:
