@@ -6,6 +6,8 @@ import matplotlib as mpl
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from .results import Result
+
 STYLE = {
     "figure.figsize": (8.0, 4.5),
     "figure.dpi": 100,
@@ -39,6 +41,13 @@ def use_course_style() -> None:
     mpl.rcParams.update(STYLE)
     for option, value in TABLE_OPTIONS.items():
         pd.set_option(option, value)
+
+
+def smoke_note(what: str, reference: Result) -> str:
+    """One line for a smoke-scale run (a CPU): ``what`` timed tiny sizes and means nothing as a timing, so the
+    reference GPU's committed run (named, with its file) is shown beside it or instead of it."""
+    return (f"smoke scale: {what} timed tiny sizes on this machine and means nothing as a GPU timing; shown with it: "
+            f"the reference run on {reference.short()}, {reference.path.parent.name}/{reference.path.name}")
 
 
 def labelled_axes(title: str, xlabel: str, ylabel: str, *, logx: bool = False, logy: bool = False,

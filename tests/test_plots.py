@@ -37,3 +37,12 @@ def test_tables_are_shown_whole():
     wide = pd.DataFrame([{f"column {i}": i for i in range(30)} | {"name": kernel}] * 100)
     text = repr(wide)
     assert "..." not in text and kernel in text and "column 29" in text
+
+
+def test_smoke_note_names_the_reference_run_and_its_file():
+    from helpers import results
+
+    ref = results.reference("ceilings")
+    line = plots.smoke_note("the copy", ref)
+    assert line.startswith("smoke scale: the copy") and ref.short() in line and "\n" not in line
+    assert f"{results.REFERENCE_GPU}/ceilings.json" in line

@@ -122,3 +122,21 @@ def test_generations_and_plot():
     ax = roofline.plot_roofline([roofline.Roof("toy", 1000.0, 100.0)])
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     assert not math.isnan(rows[1]["fp32 FLOP per byte"])
+
+
+def test_support_line_names_the_cards_below_sm_80():
+    from helpers.card_fit import CARDS, CardLimits
+
+    assert roofline.support_line(None) is None and roofline.support_line(CARDS["NVIDIA H100 80GB HBM3"]) is None
+    t4 = roofline.support_line(CARDS["Tesla T4"])
+    assert "sm_75" in t4 and "tensor cores" in t4 and "bf16 is emulated" in t4 and "not supported" not in t4
+    v100 = roofline.support_line(CardLimits("Tesla V100-SXM2-16GB", 16 * 2**30, (7, 0), 96 * 1024, 80))
+    assert "sm_70" in v100 and "not supported" in v100 and "\n" not in v100
+
+
+def test_reference_ceilings_are_the_reference_runs_records():
+    values, ref = roofline.reference_ceilings()
+    assert ref.path.parent.name == results.REFERENCE_GPU and set(values) == {"copy", "bf16", "tf32", "fp32"}
+    assert values["copy"] == next(r["gbps"] for r in ref.records if r["what"] == "copy")
+    assert values["bf16"] == next(r["tflops"] for r in ref.records if r.get("dtype") == "bf16")
+    assert roofline.ceiling_values(FAKE_CEILINGS) == {"copy": 540.0, "bf16": 95.0, "tf32": 48.0, "fp32": 26.0}

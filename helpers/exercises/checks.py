@@ -1,9 +1,10 @@
 """The two kinds of exercise check: code (run the learner's callable on fresh inputs, compare with a float64
 reference) and number (compare a prediction with a value computed from shapes, datasheets or results/).
 
-Every check has ``check(answer) -> Verdict`` (true when the answer is right), which prints what it tried and
-never raises on a wrong answer, and ``solution``. An answer of ``None``, or a callable that raises ``NotImplementedError`` (the
-skeleton as shipped), is "not attempted yet": the check says where the solution is and returns False.
+Every check has ``check(answer) -> Verdict`` (true when the answer is right), which prints what it tried
+and never raises on a wrong answer, and ``solution``. An answer of ``None``, or a callable that raises
+``NotImplementedError`` (the skeleton as shipped), is "not attempted yet": the check says where the solution is
+and returns a false Verdict.
 """
 from __future__ import annotations
 

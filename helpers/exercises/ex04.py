@@ -50,16 +50,17 @@ BIAS_GELU = CodeCheck(
 
 
 def _speedup() -> tuple[float, str]:
-    saved = results.load("fused_bias_gelu_layernorm", gpu="h200")
+    saved = results.reference("fused_bias_gelu_layernorm")
     rows = {r["impl"]: r for r in saved.where(**{"pass": "fwd"}, dtype="bf16", M=16384, N=4096, timing="events")}
     eager, fused = rows["eager"], rows["triton"]
     return eager["ms"] / fused["ms"], (
-        f"results/h200/fused_bias_gelu_layernorm.json ({saved.describe()}), bf16 16384 x 4096 forward: eager "
+        f"results/{saved.path.parent.name}/fused_bias_gelu_layernorm.json ({saved.describe()}), bf16 16384 x 4096 "
+        "forward: eager "
         f"{eager['ms']:.3f} ms, fused Triton {fused['ms']:.3f} ms. The bytes alone predict about 3x; the rest is "
         "that the eager kernels run well below the copy ceiling while the fused one runs near it")
 
 
-SPEEDUP = NumberCheck("04.2", "the measured forward speedup of the fused kernel over eager PyTorch on the H200 "
-                      "(bf16, 16384 x 4096)", _speedup, tolerance=0.25, relative=True, unit="x")
+SPEEDUP = NumberCheck("04.2", "the measured forward speedup of the fused kernel over eager PyTorch on the "
+                      "reference H100 (bf16, 16384 x 4096)", _speedup, tolerance=0.25, relative=True, unit="x")
 
 CHECKS = (BIAS_GELU, SPEEDUP)

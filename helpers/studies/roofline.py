@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from .. import bench, datasheets, results
+from ..card_fit import CardLimits
 from ..device import DEVICE, HAS_CUDA, gpu_name, pick
 from ..kernels.probes import intensity_dial
 
@@ -92,6 +93,28 @@ def card_spec(ceilings: list[dict] | None = None) -> tuple[datasheets.GpuSpec, s
             ceilings = [bench.copy_bandwidth(), *(bench.matmul_tflops(d) for d in ("bf16", "tf32", "fp32"))]
     return measured_spec(ceilings), (f"no datasheet row for {gpu_name()}: its own properties and the ceilings "
                                      "measured on it stand in for the datasheet's peaks")
+
+
+def support_line(card: CardLimits | None) -> str | None:
+    """One line on what the course can do on ``card``: nothing to say (None) from sm_80 up or without a GPU."""
+    if card is None or card.triton_tensor_cores:
+        return None
+    if not card.supported:
+        return (f"{card.name} ({card.arch}) is not supported: the course needs sm_75 (T4) or newer, and the CUDA 13 "
+                "builds of PyTorch no longer run on older cards")
+    return (f"{card.name} ({card.arch}): Triton's dots do not use tensor cores here and bf16 is emulated, so the "
+            "course's kernels run correctly but slower than on sm_80 and newer")
+
+
+def ceiling_values(records: list[dict]) -> dict[str, float]:
+    """Notebook 00's ceiling records as ``{"copy": GB/s, "bf16" | "tf32" | "fp32": TFLOP/s}``."""
+    return {r.get("dtype", r["what"]): r["gbps"] if r["what"] == "copy" else r["tflops"] for r in records}
+
+
+def reference_ceilings() -> tuple[dict[str, float], results.Result]:
+    """The reference GPU's committed ceilings (:func:`ceiling_values` of its run) and that run, for provenance."""
+    ref = results.reference("ceilings")
+    return ceiling_values(ref.records), ref
 
 
 # FLOPs per element (tanh and exp counted as one operation each): the counting convention of the course.
