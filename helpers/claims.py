@@ -8,6 +8,7 @@ why. A notebook shows its own claims with ``claims.show(notebook="04")``; the RE
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -42,9 +43,11 @@ class Claim:
 
 def committed(topic: str, gpu: str) -> results.Result | None:
     """The committed results file ``results/<gpu>/<topic>.json``; where ``gpu`` has not measured ``topic``, the
-    reference H100's, else the H200's (``results.source_gpu``); None where no GPU has."""
+    reference H100's, else the H200's (``results.source_gpu``; a folder such as "h200x2" names a run on that many
+    GPUs); None where no GPU has."""
+    many = re.fullmatch(r".+x(\d+)", gpu)
     try:
-        return results.load(topic, gpu=results.source_gpu(topic, prefer=gpu))
+        return results.load(topic, gpu=results.source_gpu(topic, prefer=gpu, gpus=int(many[1]) if many else 1))
     except FileNotFoundError:
         return None
 

@@ -254,7 +254,7 @@ def _two_gpus(res: results.Result, spec: datasheets.GpuSpec | None) -> list[tupl
     return rows
 
 
-def summary_figure(gpu: str = "h200") -> Path | None:
+def summary_figure(gpu: str) -> Path | None:
     """results/<gpu>/summary.png: the attention race at the target shape, and the fused kernel against
     eager and torch.compile, as bars."""
     import matplotlib
@@ -298,6 +298,7 @@ def summary_figure(gpu: str = "h200") -> Path | None:
 
 
 Row = tuple[str, str, str, str]  # measurement, result, context, notebook
+GPUS = (results.REFERENCE_GPU, results.SECOND_GPU)  # the reference first: its column leads
 
 # The README's headline rows (at most 10): the first full-table row whose measurement starts with each prefix.
 HEADLINES = ("device copy bandwidth", "bf16 matmul",
@@ -307,7 +308,7 @@ HEADLINES = ("device copy bandwidth", "bf16 matmul",
              "Llama-2-70B QLoRA, FSDP on 2 GPUs capped at 40 GiB each, expandable")
 
 
-def table_rows(gpu: str = "h200") -> tuple[list[Row], list[str]]:
+def table_rows(gpu: str) -> tuple[list[Row], list[str]]:
     """Every result row from ``results/<gpu>/`` (and ``<gpu>x2/``), and one provenance line per file read."""
     ceilings = _load("ceilings", gpu)
     if ceilings is None:
@@ -331,53 +332,89 @@ def table_rows(gpu: str = "h200") -> tuple[list[Row], list[str]]:
         if res is None:
             continue
         rows += [(what, value, ref, nb) for what, value, ref in make(res)]
-        sources.append(f"- `{topic}.json`: {res.describe()}")
+        sources.append(f"- `{gpu}/{topic.split('/')[-1]}.json`: {res.describe()}" if "/" not in topic
+                       else f"- `{topic}.json`: {res.describe()}")
     return rows, sources
 
 
-def _markdown(rows: list[Row]) -> list[str]:
-    return (["| measurement | result | context | notebook |", "| --- | --- | --- | --- |"]
-            + [f"| {what} | {value} | {ref} | {nb} |" for what, value, ref, nb in rows])
+Merged = tuple[str, dict[str, str], str]  # measurement, {gpu folder: "result (context)"}, notebook
 
 
-def headlines(rows: list[Row]) -> list[Row]:
+def side_by_side(gpus: tuple[str, ...] = GPUS) -> tuple[list[Merged], list[str]]:
+    """Each measurement once, with every GPU's result where that GPU measured it, in notebook order; and the
+    provenance lines of every file read."""
+    merged: dict[str, Merged] = {}
+    sources: list[str] = []
+    for gpu in gpus:
+        rows, lines = table_rows(gpu)
+        sources += lines
+        for what, value, ref, nb in rows:
+            merged.setdefault(what, (what, {}, nb))[1][gpu] = f"{value} ({ref})" if ref else value
+    return sorted(merged.values(), key=lambda row: row[2]), sources
+
+
+def gpu_label(gpu: str, mark_reference: bool = True) -> str:
+    """The GPU's name from its ceilings file; a column's heading adds "(reference)" for the reference GPU."""
+    ceilings = _load("ceilings", gpu)
+    name = ceilings.provenance["gpu"].removeprefix("NVIDIA ") if ceilings else gpu
+    return f"{name} (reference)" if mark_reference and gpu == results.REFERENCE_GPU else name
+
+
+def _markdown(rows: list[Merged], gpus: tuple[str, ...]) -> list[str]:
+    return ([f"| measurement | {' | '.join(gpu_label(g) for g in gpus)} | notebook |",
+             "| --- |" + " --- |" * len(gpus) + " --- |"]
+            + [f"| {what} | {' | '.join(by.get(g, 'not measured') for g in gpus)} | {nb} |" for what, by, nb in rows])
+
+
+def headlines(rows: list) -> list:
     """The rows named by ``HEADLINES``, in that order (a prefix with no row is left out)."""
     picked = (next((row for row in rows if row[0].startswith(prefix)), None) for prefix in HEADLINES)
     return [row for row in picked if row is not None]
 
 
-def render(gpu: str = "h200") -> str:
-    """The README's block: the headline rows, and where the full table and the provenance are."""
-    rows, _ = table_rows(gpu)
+def _present(gpus: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(g for g in gpus if _load("ceilings", g) is not None)
+
+
+def render(gpus: tuple[str, ...] = GPUS) -> str:
+    """The README's block: the headline rows, one column a GPU, and where the full table and the provenance are."""
+    gpus = _present(gpus)
+    rows, _ = side_by_side(gpus)
     if not rows:
         return "_No GPU results committed yet._"
-    gpu_name = _load("ceilings", gpu).provenance["gpu"]
-    lines = [f"Measured on one {gpu_name} (notebook 08: two); {len(headlines(rows))} of the {len(rows)} rows of "
-             f"[the full table](results/README.md), which also gives every file's provenance. Every row is read "
-             f"from `results/{gpu}/` (`results/{gpu}x2/`) by `scripts/update_readme.py`.", "",
-             f"![summary](results/{gpu}/summary.png)", "", *_markdown(headlines(rows))]
-    return "\n".join(lines + _gpu_tests(gpu))
+    figure = next((g for g in gpus if (results.REPO_ROOT / "results" / g / "summary.png").exists()), None)
+    lines = [f"Measured on one GPU of each kind (notebook 08: two); the reference GPU is the {gpu_label(gpus[0], False)}. "
+             f"{len(headlines(rows))} of the {len(rows)} rows of [the full table](results/README.md), which also "
+             "gives every file's provenance. Every row is read from `results/<gpu>/` (`results/<gpu>x2/`) by "
+             "`scripts/update_readme.py`; \"not measured\": that GPU has no run of it yet.", "",
+             *([f"![summary](results/{figure}/summary.png)", ""] if figure else []),
+             *_markdown(headlines(rows), gpus)]
+    return "\n".join(lines + [line for g in gpus for line in _gpu_tests(g)])
 
 
-def render_results(gpu: str = "h200") -> str:
-    """``results/README.md``: every result row, then the provenance of each file."""
-    rows, sources = table_rows(gpu)
+def render_results(gpus: tuple[str, ...] = GPUS) -> str:
+    """``results/README.md``: every result row, one column a GPU, then the provenance of each file."""
+    gpus = _present(gpus)
+    rows, sources = side_by_side(gpus)
     head = ["# Results", "", "<!-- generated by scripts/update_readme.py from the results files: do not edit -->", ""]
     if not rows:
         return "\n".join(head + ["_No GPU results committed yet._", ""])
-    gpu_name = _load("ceilings", gpu).provenance["gpu"]
-    intro = (f"Every measurement the notebooks (and one script of notebook 07's) committed on one {gpu_name} "
-             f"(notebook 08: two), read from `{gpu}/` (`{gpu}x2/`). \"Called from Python\": the time a PyTorch "
-             "user sees, host work (autograd, launches) included; \"device time, CUDA graph\": the same work "
-             "replayed from a CUDA graph, so only the GPU's time counts.")
-    return "\n".join(head + [intro, "", *_markdown(rows), "", "Provenance:", *sources] + _gpu_tests(gpu) + [""])
+    intro = (f"Every measurement the notebooks (and one script of notebook 07's) committed, one column a GPU "
+             f"(notebook 08: two of them), read from `{'/`, `'.join(gpus)}/`; the reference GPU is the "
+             f"{gpu_label(gpus[0], False)}. \"Called from Python\": the time a PyTorch user sees, host work (autograd, "
+             "launches) included; \"device time, CUDA graph\": the same work replayed from a CUDA graph, so only "
+             "the GPU's time counts.")
+    return "\n".join(head + [intro, "", *_markdown(rows, gpus), "", "Provenance:", *sources]
+                     + [line for g in gpus for line in _gpu_tests(g)] + [""])
 
 
-def render_claims(gpu: str = "h200") -> str:
-    """The README's claims block: each seed claim, the notebooks that test it, and this run's verdict."""
+def render_claims(gpu: str = results.REFERENCE_GPU) -> str:
+    """The README's claims block: each seed claim, the notebooks that test it, and the verdict from the reference
+    GPU's results (a topic it has not run is read from the second GPU's)."""
     table = claims.table(gpu=gpu)
-    lines = [f"Each verdict is computed by `helpers.claims` from `results/{gpu}/` by a rule that the notebook "
-             "prints beside it; \"not decided by this run\" says why.", "",
+    lines = [f"Each verdict is computed by `helpers.claims` from `results/{gpu}/` (a topic that GPU has not run: "
+             f"from `results/{results.SECOND_GPU}/`) by a rule that the notebook prints beside it; \"not decided by "
+             "this run\" says why.", "",
              "| claim | seed | notebook | verdict |", "| --- | --- | --- | --- |"]
     lines += [f"| {r.claim} | {r.seed} | {r.notebooks} | {r.verdict.replace('|', '/')} |" for r in table.itertuples()]
     return "\n".join(lines)
@@ -392,8 +429,9 @@ def _gpu_tests(gpu: str) -> list[str]:
     for r in res.records:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
     outcomes = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
-    return ["", f"The tests only a GPU can run (`python scripts/gpu_tests.py`, i.e. `pytest -m gpu`) last ran on "
-            f"{res.provenance['timestamp'][:10]}: {outcomes}; `gpu_tests.json`: {res.describe()}."]
+    return ["", f"The tests only a GPU can run (`python scripts/gpu_tests.py`, i.e. `pytest -m gpu`) last ran on the "
+            f"{gpu_label(gpu, False)} on {res.provenance['timestamp'][:10]}: {outcomes}; `{gpu}/gpu_tests.json`: "
+            f"{res.describe()}."]
 
 
 def _replace(text: str, start: str, end: str, block: str) -> str:
@@ -417,7 +455,8 @@ def main() -> None:
         sys.exit(f"{', '.join(stale)} out of date: run python scripts/update_readme.py" if stale else 0)
     README.write_text(new)
     RESULTS_README.write_text(full)
-    summary_figure()
+    for gpu in _present(GPUS):
+        summary_figure(gpu)
 
 
 if __name__ == "__main__":
