@@ -91,3 +91,17 @@ def test_profiled_ms_sums_each_ops_kernels_per_call():
             {"name": "aten::native_layer_norm", "calls": 2, "us_per_call": 45.0},
             {"name": "aten::empty", "calls": 3, "us_per_call": 1.0}]
     assert eager_chain.profiled_ms(rows) == pytest.approx({"add": 0.1, "layer_norm": 0.1})
+
+
+def test_shares_of_copy_read_a_runs_timed_records(tmp_path):
+    from helpers.results import Result
+
+    run = Result(tmp_path / "naive_chain.json", {}, [
+        {"what": "op", "pass": "fwd", "op": "add", "gbps": 1500.0, "copy_gbps": 3000.0},
+        {"what": "op", "pass": "bwd", "op": "gelu_backward", "gbps": 2700.0, "copy_gbps": 3000.0},
+        {"what": "launch overhead", "python_us": 14.0},
+        {"what": "prediction", "pass": "fwd", "speedup_bytes": 3.0, "copy_gbps": 3000.0}])
+    assert eager_chain.shares_of_copy(run) == {("fwd", "add"): 50.0, ("bwd", "gelu_backward"): 90.0}
+    reference = eager_chain.shares_of_copy(helpers.results.reference("naive_chain"))
+    assert {("fwd", "add"), ("fwd", "gelu"), ("fwd", "layer_norm")} <= set(reference)
+    assert all(0 < share < 200 for share in reference.values())

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from ..bench import peak_memory_bytes as peak_extra_memory  # noqa: F401  (notebook 03 calls it by this name)
 from ..bench import profile_kernels  # noqa: F401  (notebook 03 calls it from here)
+from ..results import Result
 from .roofline import GELU_FLOPS, LAYERNORM_FLOPS
 
 # Which forward op a profiled kernel (or, on the CPU, aten operator) belongs to: the first op one of whose
@@ -74,6 +75,13 @@ def profiled_ms(rows: list[dict]) -> dict[str, float]:
         if op is not None:
             ms[op] = ms.get(op, 0.0) + r["us_per_call"] * r["calls"] / 1e3
     return ms
+
+
+def shares_of_copy(run: Result) -> dict[tuple[str, str], float]:
+    """Each timed record of a ``naive_chain`` run as % of that run's copy ceiling, by (pass, op): the
+    reference GPU's column beside a learner's own table in notebook 03."""
+    return {(r["pass"], r["op"]): 100 * r["gbps"] / r["copy_gbps"] for r in run.records
+            if r.get("op") and r.get("gbps") and r.get("copy_gbps")}
 
 
 def fused_forward_bytes(m: int, n: int, elem: int) -> int:
