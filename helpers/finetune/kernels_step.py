@@ -13,17 +13,19 @@ import gc
 import re
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 
 from ..bench import profile_kernels
+from ..card_fit import CardLimits
 from ..kernels.flash_attention import tuning_bucket
 from ..llama.patching import SDPA_BF16, use_attention, use_course_kernels
 from ..llama.data import TokenizedData, make_batches
 from .graphed_step import GraphedTrainStep
 from ..llama.lora import LoraSettings, attach_lora, check_checkpointing
 from ..llama.memory_caps import GiB
-from ..llama.models import build_model
+from ..llama.models import ModelSpec, build_model, nf4_bytes, spec_for
 from .timing import run_timed_steps, sync, time_steps, to_device, train_step
 
 GRAPHED = "course graphed"
@@ -36,6 +38,130 @@ CATEGORIES = (("RMSNorm", r"rms_norm"),
               ("attention", r"flash|fmha|attn|attention|_fwd_kernel|_bwd_d"),
               ("nf4 dequantise", r"dequant"),
               ("matmul", r"gemm|cutlass|nvjet|sm90_|sm80_|matmul|splitk"))
+
+
+GRAPHED_POOL_FACTOR, GRAPHED_POOL_BYTES = 1.3, GiB / 4  # the graphs' pool: padding to 64, blocks shapes leave unused
+SLOW_CARD_STEPS = 8  # a card that emulates bf16 trains at most this many steps a batch size
+PACING_ORDER = ("stock", "course", GRAPHED, "sdpa bf16")  # paced side by side while the card holds them together
+
+
+def variant_model_bytes(spec: ModelSpec, lora: LoraSettings = LoraSettings()) -> float:
+    """Device bytes of one built variant: the nf4 linears, the embedding and lm_head in fp32 (peft's k-bit
+    preparation), and the LoRA weights with their gradients and AdamW's two moments (fp32)."""
+    h, i = spec.hidden_size, spec.intermediate_size
+    kv = h * spec.num_key_value_heads // spec.num_attention_heads
+    shapes = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h), "gate_proj": (h, i),
+              "up_proj": (h, i), "down_proj": (i, h)}
+    adapters = spec.num_hidden_layers * sum(lora.r * sum(shapes[m]) for m in lora.target_modules)
+    return nf4_bytes(spec) + 2 * spec.vocab_size * h * 4 + 4 * 4 * adapters
+
+
+def activation_bytes(spec: ModelSpec, tokens: int) -> float:
+    """Activations of one checkpointed step over ``tokens`` (batch x padded width), fp32 after peft's preparation:
+    each layer's input kept, one layer recomputed with its backward, and the logits with their log-softmax and
+    gradient. An upper bound of the eager peaks measured on the H200 (a test holds it there)."""
+    h, i = spec.hidden_size, spec.intermediate_size
+    return tokens * 4 * (spec.num_hidden_layers * h + 6 * h + 4 * i + 3 * spec.vocab_size)
+
+
+def step_bytes(spec: ModelSpec, variant: str, batch_size: int, max_len: int) -> float:
+    """Peak device bytes of one variant's training runs at ``batch_size`` (texts cut at ``max_len``; the first
+    batch holds the longest texts): its model and the step's activations; for the graphed step, the graphs' pool
+    that keeps them between steps."""
+    act = activation_bytes(spec, batch_size * max_len)
+    if variant == GRAPHED:
+        act = GRAPHED_POOL_FACTOR * act + GRAPHED_POOL_BYTES
+    return variant_model_bytes(spec) + act
+
+
+def pacing_bytes(spec: ModelSpec, paced: tuple[str, ...], batch_size: int, max_len: int) -> float:
+    """Device bytes of :func:`pacing_side_by_side`: every paced variant's model held together, the graphed step's
+    pool (it stays reserved between replays) and one eager step's activations."""
+    model = variant_model_bytes(spec)
+    graphed = step_bytes(spec, GRAPHED, batch_size, max_len) - model if GRAPHED in paced else 0.0
+    eager = activation_bytes(spec, batch_size * max_len) if set(paced) - {GRAPHED} else 0.0
+    return len(paced) * model + graphed + eager
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """What notebook 07's training part runs on one card (:func:`training_plan`)."""
+
+    variants: tuple[str, ...]  # trained, in this order
+    batches: dict[int, int]  # batch size -> steps, for every variant but the graphed one
+    graphed_batches: tuple[int, ...]  # the batch sizes the graphed step trains
+    hold: bool  # keep each variant's model built for the pacing (else built for its runs and freed)
+    paced: dict[int, tuple[str, ...]]  # batch size -> the variants paced side by side
+    lines: tuple[str, ...]  # one line for each thing left out or changed, and why
+
+    @property
+    def curve_batch(self) -> int:
+        """The batch size of the loss curve: the one that trains the most steps."""
+        return max(self.batches, key=self.batches.get)
+
+    def runs(self, variant: str) -> list[int]:
+        """The batch sizes ``variant`` trains."""
+        return list(self.graphed_batches) if variant == GRAPHED else list(self.batches)
+
+
+def training_plan(card: CardLimits | None, model_name: str, batches: dict[int, int], max_len: int,
+                  vocab_size: int | None = None) -> TrainingPlan:
+    """Notebook 07's training runs sized to ``card`` (None: a CPU, no graphs, no memory plan). A batch size
+    whose eager step (:func:`step_bytes`) does not fit is left out for every variant; the graphed step only
+    where its larger pool fits, and not at all if it does not fit the loss curve's batch. The models stay built
+    for the pacing if all of them fit beside every run; the pacing at each of the smallest and the loss-curve
+    batch takes the variants of ``PACING_ORDER`` while they fit together (stock and course at least)."""
+    if card is None:
+        eager = tuple(v for v in VARIANTS if v != GRAPHED)
+        curve = max(batches, key=batches.get)
+        return TrainingPlan(eager, dict(batches), (), True, {b: eager for b in sorted({min(batches), curve})}, ())
+    spec, lines = spec_for(model_name, vocab_size), []
+    if not card.native_bf16:
+        batches = {b: min(n, SLOW_CARD_STEPS) for b, n in batches.items()}
+        lines.append(f"{card.name} ({card.arch}) emulates bf16, which the QLoRA model computes in, and Triton's "
+                     f"tl.dot has no tensor cores here: every step is slower, so each batch size trains at most "
+                     f"{SLOW_CARD_STEPS} steps")
+    fits = {}
+    for b in batches:
+        need = max(step_bytes(spec, v, b, max_len) for v in VARIANTS if v != GRAPHED)
+        fits[b] = card.fits(need)
+        if not fits[b]:
+            lines.append(card.skip_line(f"the {model_name} QLoRA step at batch {b}", need))
+    batches = {b: n for b, n in batches.items() if fits[b]}
+    if not batches:
+        raise ValueError(f"{card.name} fits no batch size of the {model_name} QLoRA step: " + "; ".join(lines))
+    curve = max(batches, key=batches.get)
+    graphed = []
+    for b in batches:
+        need = step_bytes(spec, GRAPHED, b, max_len)
+        if card.fits(need):
+            graphed.append(b)
+        else:
+            lines.append(card.skip_line(f"the graphed {model_name} step at batch {b}", need))
+    variants = VARIANTS if curve in graphed else tuple(v for v in VARIANTS if v != GRAPHED)
+    if curve not in graphed:
+        lines.append(f"{GRAPHED} left out on {card.name}: its loss curve at batch {curve} does not fit")
+        graphed = []
+    model = variant_model_bytes(spec)
+    held = max(i * model + step_bytes(spec, v, b, max_len) for i, v in enumerate(variants)
+               for b in (graphed if v == GRAPHED else batches))
+    hold = card.fits(held)
+    if not hold:
+        lines.append(f"each variant's model is built for its own runs and freed after: the four models held "
+                     f"together beside a run need about {held / GiB:.1f} GiB, more than 85% of this card's "
+                     f"{card.memory_gib:.1f} GiB")
+    paced = {}
+    for b in sorted({min(batches), curve}):
+        chosen: tuple[str, ...] = ()
+        for v in PACING_ORDER:
+            if v in variants and card.fits(pacing_bytes(spec, chosen + (v,), b, max_len)):
+                chosen += (v,)
+        if {"stock", "course"} <= set(chosen):
+            paced[b] = tuple(v for v in variants if v in chosen)
+        else:
+            lines.append(card.skip_line(f"the side-by-side pacing at batch {b}",
+                                        pacing_bytes(spec, ("stock", "course"), b, max_len)))
+    return TrainingPlan(variants, batches, tuple(graphed), hold, paced, tuple(lines))
 
 
 def variants(device: torch.device) -> tuple[str, ...]:

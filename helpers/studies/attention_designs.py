@@ -13,10 +13,14 @@ import torch
 import torch.nn.functional as F
 
 from ..bench import peak_memory_bytes, time_fn
+from ..card_fit import CardLimits
 from ..device import HAS_CUDA
 from ..kernels.flash_attention import attention_reference, flash_attention
 
 IMPLS = ("triton", "naive", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
+SM80_IMPLS = ("sdpa_flash", "sdpa_cudnn")  # SDPA's FlashAttention-2 and cuDNN backends need sm_80 or newer
+SLOW_CARD_MAX_S = 8192  # without Triton tensor cores (sm_75) a forward + backward at S = 16,384 takes seconds a call
+Point = tuple[str, str, int, int, int, int, bool]  # impl, pass, B, H, S, D, causal
 
 
 def attention_flops(B: int, H: int, S_q: int, S_k: int, D: int, causal: bool, pass_: str = "fwd") -> float:
@@ -62,6 +66,63 @@ def backward_designs() -> list[dict]:
     return [{"design": d, "backward products": len(p), "bwd FLOPs / standard's": ratio(d, "bwd"),
              "fwd+bwd FLOPs / standard's": ratio(d, "fwd+bwd"), "products": "; ".join(p)}
             for d, p in BACKWARD_PRODUCTS.items()]
+
+
+def timing_dtype(card: CardLimits | None) -> torch.dtype:
+    """The 16-bit dtype to time in: bf16 where the card computes it natively (sm_80 and up), fp16 where it
+    emulates bf16 (a T4) and without a GPU (the CPU interpreter gets bf16 arithmetic wrong)."""
+    return torch.bfloat16 if card is not None and card.native_bf16 else torch.float16
+
+
+def card_notes(card: CardLimits | None) -> list[str]:
+    """What this card changes in notebook 05's plan, one line each (nothing on sm_80 and up, or on a CPU)."""
+    if card is None or card.triton_tensor_cores:
+        return []
+    return [f"{card.name} ({card.arch}) runs these kernels slower than an sm_80 or newer card: Triton's tl.dot has "
+            "no tensor cores here and bf16 is emulated, so timings use fp16 and sequences stop at "
+            f"S = {SLOW_CARD_MAX_S:,}",
+            f"{card.name}: {' and '.join(SM80_IMPLS)} left out (SDPA has those backends from sm_80 on)"]
+
+
+def attention_bytes(impl: str, B: int, H: int, S: int, D: int, dtype_bytes: int, pass_: str) -> float:
+    """Device bytes one measurement needs: the inputs (q, k, v, dO) and the peak above them. Standard attention
+    ("naive") holds S x S matrices: two in the forward (the scores, the probabilities), four with the backward
+    (and S x S bools for a causal mask); every other implementation holds its output, the gradients, one fp32 per
+    row and its own buffers (SDPA's flash backward about five inputs' worth), nothing of size S x S. An upper
+    bound of what ``peak_memory_bytes`` measured on the H200 (results/h200/flash_attention.json; a test holds it
+    there)."""
+    if pass_ not in ("fwd", "fwd+bwd"):
+        raise ValueError(f"pass_ must be 'fwd' or 'fwd+bwd', got {pass_!r}")
+    io = B * H * S * D * dtype_bytes  # one of q, k, v, dO, O
+    if impl == "naive":
+        squares = (2 if pass_ == "fwd" else 4) * B * H * S * S * dtype_bytes + 2 * S * S
+        extra = squares + (1 if pass_ == "fwd" else 4) * io
+    else:
+        extra = (2 if pass_ == "fwd" else 6) * io + B * H * S * 4
+    return 4 * io + extra
+
+
+def plan_points(card: CardLimits | None, points: list[Point], dtype: torch.dtype) -> tuple[list[Point], list[str]]:
+    """The points (impl, pass, B, H, S, D, causal) this card measures, and one line for each (impl, B, S) it
+    skips because its memory (:func:`attention_bytes`) is more than the card holds. Points that
+    :func:`card_notes` leaves out (on sm_75: S over ``SLOW_CARD_MAX_S``, the sm_80 backends) go without a line
+    of their own. Without a GPU (card None) every point runs: the CPU has no memory plan to keep."""
+    if card is None:
+        return list(points), []
+    dtype_bytes = torch.empty((), dtype=dtype).element_size()
+    keep, too_big = [], {}
+    for point in points:
+        impl, pass_, B, H, S, D, _ = point
+        if not card.triton_tensor_cores and (S > SLOW_CARD_MAX_S or impl in SM80_IMPLS):
+            continue
+        need = attention_bytes(impl, B, H, S, D, dtype_bytes, pass_)
+        if card.fits(need):
+            keep.append(point)
+        else:
+            key = (impl, B, S)
+            too_big[key] = max(too_big.get(key, 0.0), need)
+    lines = [card.skip_line(f"{impl} attention at B = {B}, S = {S:,}", need) for (impl, B, S), need in too_big.items()]
+    return keep, lines
 
 
 def _sdpa(backend_name: str) -> Callable:

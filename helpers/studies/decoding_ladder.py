@@ -14,8 +14,10 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..card_fit import GiB, CardLimits
 from ..llama import kernel_set
 from ..llama.decoding import Decoder
+from ..llama.models import ModelSpec, nf4_bytes, spec_for
 
 VARIANTS = ("stock generate", "static cache", "static cache + CUDA graph", "+ fused nf4 GEMV", "+ fused RMSNorm",
             "+ fused rotary & KV write", "+ fused SwiGLU & residual add", "+ attention over the live cache")
@@ -26,6 +28,33 @@ PROMPT_LEN, NEW_TOKENS = 16, 128  # the ladder's prompt and new tokens at full s
 
 # the first rung at which each Decoder hook is the course's kernel (kernel_set.COURSE) instead of the stock one
 FIRST_RUNG = {"linear": 3, "linear_group": 3, "norm": 4, "rope": 5, "swiglu_linear": 6, "add_norm": 6, "attention": 7}
+
+
+def ladder_bytes(spec: ModelSpec, max_len: int, batch_size: int = 1) -> float:
+    """Device bytes of the ladder on one model: the nf4 weights, the bf16 embedding and lm_head, a static KV cache
+    of ``max_len`` positions for each rung's decoder (every rung stays built until the rounds end), and 1 GiB for
+    the graphs' activations, the check's logits and the libraries' workspaces."""
+    caches = (len(VARIANTS) - 1) * batch_size * max_len * spec.kv_bytes_per_token()
+    return nf4_bytes(spec) + 2 * spec.vocab_size * spec.hidden_size * 2 + caches + GiB
+
+
+def ladder_plan(card: CardLimits | None, names: list[str], vocab_size: int,
+                max_len: int) -> tuple[list[str], list[str]]:
+    """The models whose ladder this card holds (:func:`ladder_bytes`), and one line for each it skips (and one on
+    a card that emulates bf16). Without a GPU (card None) every model runs (smoke scale: tiny models on the CPU)."""
+    if card is None:
+        return list(names), []
+    keep, lines = [], []
+    if not card.native_bf16:
+        lines.append(f"{card.name} ({card.arch}) emulates bf16, which the decoder computes in, and Triton's tl.dot "
+                     "has no tensor cores here: every rung runs slower than on an sm_80 or newer card")
+    for name in names:
+        need = ladder_bytes(spec_for(name, vocab_size), max_len)
+        if card.fits(need):
+            keep.append(name)
+        else:
+            lines.append(card.skip_line(f"the {name} decoding ladder", need))
+    return keep, lines
 
 
 def rung_kernels(variant: str) -> dict[str, Callable]:
