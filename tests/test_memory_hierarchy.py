@@ -82,3 +82,16 @@ def test_plots_accept_nan_levels():
     assert ax.get_xscale() == "log"
     ax = memory_hierarchy.plot_latency(recs, 2**16, {"L1": 5.0, "L2": math.nan})
     assert ax.get_yscale() == "log"
+
+
+def test_levels_of_a_run_and_the_reference_run():
+    recs = ([{"probe": "bandwidth", "working_set_bytes": s, "gbps": g} for s, g in
+             ((2**20, 900.0), (2**21, 1000.0), (2**26, 400.0), (2**27, 300.0))]
+            + [{"probe": "latency", "working_set_bytes": s, "ns_per_load": ns} for s, ns in
+               ((2**27, 500.0), (4096, 20.0), (2**20, 150.0))])
+    levels = memory_hierarchy.levels_of(recs, 8 * 2**20)
+    assert levels.gbps == {"L2": 950.0, "HBM": 350.0} and levels.ns == {"L1": 20.0, "L2": 150.0, "HBM": 500.0}
+    assert [r["working_set_bytes"] for r in levels.latency] == [4096, 2**20, 2**27]
+    ref, run = memory_hierarchy.reference_levels()
+    assert run.path.parent.name == "h100-80gb-hbm3" and ref.l2_bytes == 50 * 2**20
+    assert ref.gbps["L2"] > ref.gbps["HBM"] > 0 and ref.ns["HBM"] > ref.ns["L2"] > ref.ns["L1"] > 0

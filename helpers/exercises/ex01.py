@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import device, results
+from .. import device
 from ..studies import memory_hierarchy
 from ..kernels.probes import stream
 from .checks import Case, CodeCheck, NumberCheck, on_device
@@ -64,16 +64,12 @@ BYTES_READ = NumberCheck(
 
 
 def _l2_cliff() -> tuple[float, str]:
-    saved = results.reference("memory_hierarchy")
-    bandwidth = [r for r in saved.records if r["probe"] == "bandwidth"]
-    l2_bytes = results.load("device", gpu=saved.path.parent.name).records[0]["l2_bytes"]  # as the driver reports it
-    windows = memory_hierarchy.level_windows(l2_bytes)
-    l2, hbm = (memory_hierarchy.level_value(bandwidth, "gbps", windows[level]) for level in ("L2", "HBM"))
+    levels, saved = memory_hierarchy.reference_levels()
+    l2, hbm = levels.gbps["L2"], levels.gbps["HBM"]
     return l2 / hbm, (f"results/{saved.path.parent.name}/memory_hierarchy.json ({saved.describe()}): median "
-                      "bandwidth over the L2 "
-                      f"window {l2:,.0f} GB/s, over the HBM window {hbm:,.0f} GB/s "
-                      f"(memory_hierarchy.level_windows for its {l2_bytes / 2**20:g} MB L2, as the driver reports it, "
-                      "as in section 2); ratio L2 / HBM")
+                      f"bandwidth over the L2 window {l2:,.0f} GB/s, over the HBM window {hbm:,.0f} GB/s "
+                      f"(memory_hierarchy.level_windows for its {levels.l2_bytes / 2**20:g} MB L2, as the driver "
+                      "reports it, as in section 2); ratio L2 / HBM")
 
 
 L2_CLIFF = NumberCheck(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import torch
 
-from .. import bench, datasheets
+from .. import bench, datasheets, results
 from ..device import DEVICE, HAS_CUDA, gpu_name, pick
 from ..kernels.probes import pointer_chase, stream
 
@@ -30,7 +30,7 @@ class Card:
     source: str
 
 
-def card(stand_in: str = "H200") -> Card:
+def card(stand_in: str = "H100 SXM") -> Card:
     """This GPU's levels from its device properties (HBM bandwidth from ``helpers.datasheets``); without a
     GPU, the datasheet row ``stand_in`` (labelled so in ``source``)."""
     if HAS_CUDA:
@@ -142,6 +142,37 @@ def level_value(records: list[dict], key: str, window: tuple[float, float]) -> f
     return statistics.median(values) if values else math.nan
 
 
+@dataclass(frozen=True)
+class Levels:
+    """One run's sweeps read level by level, as notebook 01 reads its own: the plateaus (GB/s) of L2 and HBM
+    and the latency (ns per load) of L1, L2 and HBM, each the median over its level's window."""
+
+    bandwidth: list[dict]
+    latency: list[dict]
+    l2_bytes: int
+    windows: dict[str, tuple[float, float]]
+    gbps: dict[str, float]
+    ns: dict[str, float]
+
+
+def levels_of(records: list[dict], l2_bytes: int) -> Levels:
+    """``records`` of a ``memory_hierarchy`` run (probe "bandwidth" and "latency") read with the windows of
+    :func:`level_windows` for an L2 of ``l2_bytes``."""
+    windows = level_windows(l2_bytes)
+    bandwidth = [r for r in records if r["probe"] == "bandwidth"]
+    latency = sorted((r for r in records if r["probe"] == "latency"), key=lambda r: r["working_set_bytes"])
+    return Levels(bandwidth, latency, l2_bytes, windows,
+                  {level: level_value(bandwidth, "gbps", windows[level]) for level in ("L2", "HBM")},
+                  {level: level_value(latency, "ns_per_load", window) for level, window in windows.items()})
+
+
+def reference_levels() -> tuple[Levels, results.Result]:
+    """The reference GPU's committed sweeps (:func:`levels_of`, with the L2 its driver reported) and that run."""
+    run = results.reference("memory_hierarchy")
+    l2_bytes = results.load("device", gpu=run.path.parent.name).records[0]["l2_bytes"]
+    return levels_of(run.records, l2_bytes), run
+
+
 def littles_law(bandwidth_gbps: float, latency_ns: float, sms: int, threads_per_sm: int = 2048) -> dict:
     """Bytes that must be in flight to sustain ``bandwidth_gbps`` at ``latency_ns`` per load: on the
     card, per SM and per thread (all ``threads_per_sm`` resident)."""
@@ -152,11 +183,12 @@ def littles_law(bandwidth_gbps: float, latency_ns: float, sms: int, threads_per_
 
 
 def plot_bandwidth(records: list[dict], l2_bytes: int, hbm_datasheet_gbps: float | None,
-                   l2_gbps: float, hbm_gbps: float, ax: plt.Axes | None = None) -> plt.Axes:
-    """GB/s against working set (log x) with the L2 size, the datasheet HBM rate and both plateaus marked."""
+                   l2_gbps: float, hbm_gbps: float, ax: plt.Axes | None = None, name: str | None = None) -> plt.Axes:
+    """GB/s against working set (log x) with the L2 size, the datasheet HBM rate and both plateaus marked;
+    ``name``: whose run it is (this GPU's by default)."""
     from ..plots import labelled_axes
 
-    ax = labelled_axes(f"{gpu_name()}: read bandwidth against working set", "working set [bytes]",
+    ax = labelled_axes(f"{name or gpu_name()}: read bandwidth against working set", "working set [bytes]",
                        "read bandwidth [GB/s]", logx=True, ax=ax)
     ws = [r["working_set_bytes"] for r in records]
     ax.plot(ws, [r["gbps"] for r in records], "o-", label="measured (sum over the buffer, many passes)")
@@ -177,11 +209,13 @@ def plot_bandwidth(records: list[dict], l2_bytes: int, hbm_datasheet_gbps: float
     return ax
 
 
-def plot_latency(records: list[dict], l2_bytes: int, levels: dict[str, float], ax: plt.Axes | None = None) -> plt.Axes:
-    """Nanoseconds per dependent load against working set (log-log), each level's latency labelled."""
+def plot_latency(records: list[dict], l2_bytes: int, levels: dict[str, float], ax: plt.Axes | None = None,
+                 name: str | None = None) -> plt.Axes:
+    """Nanoseconds per dependent load against working set (log-log), each level's latency labelled; ``name``:
+    whose run it is (this GPU's by default)."""
     from ..plots import labelled_axes
 
-    ax = labelled_axes(f"{gpu_name()}: latency of one dependent load", "working set [bytes]",
+    ax = labelled_axes(f"{name or gpu_name()}: latency of one dependent load", "working set [bytes]",
                        "latency [ns per load]", logx=True, logy=True, ax=ax)
     ws = [r["working_set_bytes"] for r in records]
     ax.plot(ws, [max(r["ns_per_load"], 1e-3) for r in records], "o-", label="pointer chase (one thread)")
