@@ -56,3 +56,25 @@ def seed_table(records: list[dict], model: str, caps, **fields) -> pd.DataFrame:
     table = table[[c for c in order if c in table.columns]]  # the caps' order, whatever order the points ran in
     table.index.name = "batch size"
     return table.fillna("-")
+
+
+def beside(here: list[dict], reference: list[dict], here_name: str, reference_name: str,
+           model: str | None = None) -> pd.DataFrame:
+    """This card's training points (``here``) beside the reference's at the same batch size and cap, of the same
+    model (or of ``model``: the smoke scale's tiny points beside the reference's 7B): step time, tokens/s and peak
+    memory reserved, one row a point of ``here`` ("-" where the reference has no such point)."""
+    rows = []
+    for r in here:
+        twin = next((x for x in reference if x.get("kind") == "train" and x["model"] == (model or r["model"])
+                     and x["batch_size"] == r["batch_size"] and x.get("cap_gb") == r.get("cap_gb")
+                     and x.get("attn") == r.get("attn") and x.get("status") == "ok"), None)
+        row = {"model": r["model"], "batch size": r["batch_size"],
+               "cap": "whole card" if r.get("cap_gb") is None else f"{r['cap_gb']:g} GiB"}
+        for name, x in ((here_name, r), (reference_name, twin)):
+            ok = x is not None and x.get("status") == "ok"
+            peak = x.get("peak_reserved_gb") if ok else None
+            row[f"{name}: step s"] = f"{x['step_s']:.2f}" if ok else ("OOM" if x else "-")
+            row[f"{name}: tokens/s"] = f"{x['tokens_per_s']:,.0f}" if ok else "-"
+            row[f"{name}: peak GiB"] = f"{peak:.1f}" if peak else "-"
+        rows.append(row)
+    return pd.DataFrame(rows).set_index(["model", "batch size", "cap"])

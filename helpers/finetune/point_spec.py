@@ -11,6 +11,7 @@ import torch
 from .. import results
 from ..datasheets import CAPS
 from ..llama.lora import LoraSettings
+from ..llama.memory_caps import cap_on_card
 from ..llama.models import MODELS
 
 KINDS = ("train", "generate")
@@ -46,7 +47,8 @@ class PointSpec:
                 f"/steps={self.warmup_steps}+{self.timed_steps}" + ("" if self.grad_ckpt else "/no-ckpt"))
 
     def validate(self, card_gb: float | None) -> None:
-        """Raise ValueError naming the problem; ``card_gb``: this GPU's memory in GiB (None: no GPU)."""
+        """Raise ValueError naming the problem; ``card_gb``: this GPU's memory in GiB (None: no GPU). A cap a little
+        above the card (a real A100 40GB reports ~39.4 GiB) runs as the whole card (``memory_caps.cap_on_card``)."""
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if self.model not in MODELS:
@@ -59,7 +61,7 @@ class PointSpec:
         if self.cap_gb is not None:
             if self.cap_gb <= 0:
                 raise ValueError(f"memory cap must be > 0 GiB, got {self.cap_gb}")
-            if card_gb is not None and self.cap_gb > card_gb:
+            if card_gb is not None and cap_on_card(self.cap_gb, card_gb) is None:
                 raise ValueError(f"memory cap {self.cap_gb} GiB is larger than this card ({card_gb:.1f} GiB)")
         if self.max_len is not None and self.max_len < 2:
             raise ValueError(f"max_len must be >= 2 or None, got {self.max_len}")

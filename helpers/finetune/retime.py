@@ -15,17 +15,20 @@ the data's. Two points that differ only in their cap run the same batches: their
 the measurement's own noise. The records keep each step's time over its padded tokens too (median, min,
 max), a spread with the shapes' share taken out.
 
-Memory stays the sweep's measurement. This module's records hold times only
-(``results/<gpu>/finetune_timing.json``, one a point, saved as each finishes, resumed like the sweep), and
-:func:`merged` puts them into the sweep's records.
+Memory stays the sweep's measurement. This module's records hold times (and, on a GPU, each batch size's peak
+reserved memory beside the model built once; ``results/<gpu>/finetune_timing.json``, one a point, saved as each
+finishes, resumed like the sweep), and :func:`merged` puts their times into the sweep's records.
+:func:`time_here` runs the same groups without saving: a card's own few points beside a committed sweep.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -84,6 +87,8 @@ def time_group(specs: list[PointSpec], data: TokenizedData, device: torch.device
         timed = batches[spec.warmup_steps:]
         record = {"kind": "train", **base_record(spec, device), "batch_size": spec.batch_size,
                   "warmup_steps": spec.warmup_steps, "timed_steps": TIMED_STEPS, "checkpointing": checkpointing}
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         try:
             times, monitor, _ = run_timed_steps(model, batches, device, spec.warmup_steps, None)
         except Exception as error:
@@ -102,7 +107,8 @@ def time_group(specs: list[PointSpec], data: TokenizedData, device: torch.device
                    "samples_per_s": spec.batch_size * len(times) / sum(times),
                    "mean_seq_len": statistics.fmean(float(b["attention_mask"].sum(1).float().mean()) for b in timed),
                    "mean_padded_len": statistics.fmean(b["input_ids"].shape[1] for b in timed),
-                   "gpu_util_pct": monitor.get("util_pct_mean")})
+                   "gpu_util_pct": monitor.get("util_pct_mean"),
+                   "peak_reserved_gb": torch.cuda.max_memory_reserved() / 2**30 if device.type == "cuda" else None})
 
 
 def _per_padded_token(times: list[float], timed: list[dict]) -> dict:
@@ -137,6 +143,24 @@ def run(points: list[PointSpec], sweep_records: list[dict], *, budget_s: float |
     plan = runner.Plan(todo(points, sweep_records), lambda: runner.Store(store_path, TOPIC), run_group=run_group,
                        desc="re-timing")
     return runner.run(plan, budget_s=budget_s, progress=progress).records()
+
+
+def time_here(points: list[PointSpec], *, budget_s: float, data_path: Path | None = None) -> list[dict]:
+    """Time ``points`` on this machine now, one child a group (one model, cap and setting: the model built once),
+    saving nothing; their records. No point starts after ``budget_s`` seconds; running out of memory ends a group."""
+    data_path = Path(data_path) if data_path else data_file()
+    deadline = time.time() + budget_s
+
+    def setting(p: PointSpec) -> tuple:
+        return p.model, p.cap_gb, p.lora_r, p.attn, p.grad_ckpt, p.max_len
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(tmp) / "progress.jsonl"
+        for _, group in itertools.groupby(points, key=setting):
+            if time.time() < deadline:
+                _run_child(list(group), data_path, deadline, store, lambda report: None)
+        lines = store.read_text().splitlines() if store.exists() else []
+    return [r for line in lines for r in json.loads(line)["records"]]
 
 
 def merged(sweep_records: list[dict], timing_records: list[dict]) -> list[dict]:

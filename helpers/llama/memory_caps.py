@@ -13,6 +13,27 @@ import contextlib
 import torch
 
 GiB = 2**30
+SAME_CARD = 0.95  # a card reports a little less than its name's GB: an A100 40GB ~39.4 GiB, an RTX 6000 Ada ~47.5
+
+
+def cap_on_card(cap_gb: float, card_gib: float) -> float | None:
+    """The GiB a cap of ``cap_gb`` runs under on a card of ``card_gib``: the cap where the card holds it; the whole
+    card where the card reports a little less (within ``SAME_CARD``: the card the cap stands for, as its driver
+    counts it); None where the card is smaller, so that the cap cannot be emulated on it."""
+    if cap_gb <= card_gib:
+        return cap_gb
+    return card_gib if card_gib >= SAME_CARD * cap_gb else None
+
+
+def cap_line(cap_gb: float, card_name: str, card_gib: float) -> str | None:
+    """The line a plan prints for a cap this card changes (None where the cap runs as it is)."""
+    runs = cap_on_card(cap_gb, card_gib)
+    if runs == cap_gb:
+        return None
+    if runs is None:
+        return f"skipped on {card_name}: a {cap_gb:g} GiB cap, more than this card's {card_gib:.1f} GiB"
+    return (f"the {cap_gb:g} GiB cap runs as the whole of this {card_name}'s {card_gib:.1f} GiB: a real card of "
+            f"{cap_gb:g} GB reports about that much")
 
 
 class SimulatedMemory:
@@ -49,12 +70,12 @@ def context_bytes() -> int:
 
 
 def apply_cap(cap_gb: float | None) -> dict:
-    """Limit this process's allocator to a card of ``cap_gb`` GiB, the CUDA context counted in."""
+    """Limit this process's allocator to a card of ``cap_gb`` GiB (at most this one), the CUDA context counted in."""
     if cap_gb is None:
         return {"alloc_limit_gb": None, "context_gb": None}
     ctx = context_bytes()
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory  # this process's GPU
-    limit = cap_gb * GiB - ctx
+    limit = min(cap_gb * GiB, total) - ctx  # a cap a little above the card (``cap_on_card``): the whole card
     if limit <= 0:
         raise ValueError(f"a cap of {cap_gb} GiB leaves nothing beside the CUDA context ({ctx / GiB:.2f} GiB here): "
                          "a capped GPU run needs a cap above it (the simulated caps of the smoke scale are for CPUs)")

@@ -11,20 +11,25 @@
   small pages.
 * ``time_kernels``: the paged decode-attention kernel against the contiguous one and SDPA, at equal
   lengths, as ``kernel`` records.
+* ``serving_plan``: notebook 09's sizes on a card (``helpers.card_fit``): the decode sweep's batches, the pool of
+  continuous batching and the caps measured, each within what the card holds beside the weights;
+  ``step_bandwidth``: the bandwidth a decode step's roofline uses on this GPU.
 """
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from .. import bench
+from .. import bench, datasheets, results
+from ..card_fit import CardLimits
 from ..datasheets import CAPS
 from ..device import DEVICE
 from ..kernels.decode_attention import decode_attention, reference_attention
-from ..llama.memory_caps import GiB
+from ..llama.memory_caps import GiB, cap_line, cap_on_card
 from ..llama.models import MODELS, ModelSpec, nf4_bytes
 from ..llama.page_pool import PAGE_TOKENS, OutOfPages, PagePool
 from ..kernels.paged_decode_attention import gather_pages, paged_decode_attention
@@ -196,3 +201,99 @@ def _step_tensors(batch: int, context: int, heads: int, kv_heads: int, head_dim:
             "v_pages": to_pages(v, table, page_tokens),
             "lengths": torch.full((batch,), context, dtype=torch.int32, device=device),
             "pos": torch.tensor([context - 1], device=device)}
+
+
+# --- what a card holds ----------------------------------------------------------------------------------
+
+FIT_SHARE = 0.85  # the share of the card a plan fills (``CardLimits.fits``'s default)
+HEADROOM_BYTES = 2 * GiB  # beside weights and cache: a step's activations, graphs and logits (``measured_capacity``)
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    """Notebook 09's sizes on one card, and a printed line for each thing the card changed or skipped."""
+
+    kernel_points: list[tuple[int, int, int, int]]  # section 3's (batch, context, heads, kv_heads) that fit
+    batches: dict[int, list[int]]  # context -> the decode sweep's batch sizes whose caches fit
+    pool_pages: int  # continuous batching's pool: what the first cap leaves for the cache, at most what fits here
+    caps: dict[float, float]  # section 6: cap -> the GiB it runs under here (``memory_caps.cap_on_card``)
+    lines: list[str]
+
+
+def cache_room_bytes(card: CardLimits, spec: ModelSpec) -> float:
+    """Bytes of KV cache ``card`` holds beside ``spec``'s weights: ``FIT_SHARE`` of it, less the weights and
+    ``HEADROOM_BYTES``."""
+    return FIT_SHARE * card.memory_bytes - weight_bytes(spec) - HEADROOM_BYTES
+
+
+def kernel_point_bytes(batch: int, context: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                       cold_bytes: int = COLD_BYTES) -> int:
+    """What ``time_kernels`` holds at one point: each copy's cache twice (contiguous and in pages), and two caches'
+    worth more for the gathered copy and the transients of building the pages."""
+    cache = 2 * batch * kv_heads * context * head_dim * dtype.itemsize
+    copies = max(1, -(-cold_bytes // cache))
+    return (2 * copies + 2) * cache
+
+
+def sweep_cache_bytes(spec: ModelSpec, batch: int, context: int, steps: int) -> int:
+    """The cache of the decode sweep's step: ``batch`` requests of ``context`` tokens and ``steps`` + 1 more."""
+    return batch * (context + steps + 1) * spec.kv_bytes_per_token()
+
+
+def serving_plan(card: CardLimits | None, kernel_points: Sequence[tuple[int, int, int, int]], head_dim: int,
+                 dtype: torch.dtype, contexts: Sequence[int], batches: Sequence[int], steps: int,
+                 spec: ModelSpec = MODELS["7b"], page_tokens: int = PAGE_TOKENS,
+                 caps: Sequence[float] = CAPS_GIB) -> ServingPlan:
+    """What notebook 09 runs on ``card`` (None: the CPU, where nothing is left out and no cap is measured): the
+    kernel timings whose tensors fit (``kernel_point_bytes`` within ``FIT_SHARE`` of the card, no model loaded
+    yet), the decode sweep's batches whose caches fit (``sweep_cache_bytes`` within ``cache_room_bytes``), a pool
+    of the pages the first cap leaves for the cache or fewer where this card holds fewer, and the caps it can
+    emulate."""
+    page_bytes = page_tokens * spec.kv_bytes_per_token()
+    pages_under_cap = cache_tokens_under_cap(spec, caps[0]) // page_tokens
+    if card is None:
+        return ServingPlan(list(kernel_points), {c: list(batches) for c in contexts}, pages_under_cap, {}, [])
+    lines = []
+    kernels = []
+    for point in kernel_points:
+        need = kernel_point_bytes(point[0], point[1], point[3], head_dim, dtype)
+        if card.fits(need, FIT_SHARE):
+            kernels.append(point)
+        else:
+            lines.append(card.skip_line(f"timing {point[0]} requests of {point[1]:,} tokens ({point[2]} heads, "
+                                        f"{point[3]} key/value heads)", need, FIT_SHARE))
+    room = cache_room_bytes(card, spec)
+    fits = {}
+    for context in contexts:
+        fits[context] = [b for b in batches if sweep_cache_bytes(spec, b, context, steps) <= room]
+        left_out = [b for b in batches if b not in fits[context]]
+        if left_out:
+            lines.append(f"skipped on {card.name}: context {context:,} at batches {left_out}, whose caches need "
+                         f"more than the {room / GiB:.1f} GiB this card holds beside the weights")
+    pool_pages = min(pages_under_cap, max(0, int(room // page_bytes)))
+    if pool_pages < pages_under_cap:
+        need = pages_under_cap * page_bytes / GiB
+        lines.append(f"the {caps[0]:g} GiB cap's {pages_under_cap:,} pages need {need:.1f} GiB; this {card.name} "
+                     f"holds {pool_pages:,} beside the weights: the pool gets those")
+    run_caps = {}
+    for cap in caps:
+        runs = cap_on_card(cap, card.memory_gib)
+        if runs is not None:
+            run_caps[cap] = runs
+        if line := cap_line(cap, card.name, card.memory_gib):
+            lines.append(line)
+    return ServingPlan(kernels, fits, pool_pages, run_caps, lines)
+
+
+def step_bandwidth(gpu_name: str) -> tuple[float, str]:
+    """GB/s for a decode step's roofline on the GPU ``gpu_name``, and where it comes from: its datasheet row; for
+    a GPU without one, the copy bandwidth notebook 00 saved for it (results topic "ceilings"), else one measured
+    now."""
+    row = datasheets.lookup(gpu_name)
+    if row is not None:
+        return row.bandwidth_gbps, f"the {row.name}'s datasheet"
+    try:
+        copy = next(r for r in results.load("ceilings", gpu=results.gpu_slug(gpu_name)).records if r["what"] == "copy")
+        return copy["gbps"], f"no datasheet row for {gpu_name}: the copy bandwidth notebook 00 measured on it"
+    except (FileNotFoundError, StopIteration):
+        return bench.copy_bandwidth()["gbps"], f"no datasheet row for {gpu_name}: the copy bandwidth measured here"
