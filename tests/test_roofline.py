@@ -140,3 +140,12 @@ def test_reference_ceilings_are_the_reference_runs_records():
     assert values["copy"] == next(r["gbps"] for r in ref.records if r["what"] == "copy")
     assert values["bf16"] == next(r["tflops"] for r in ref.records if r.get("dtype") == "bf16")
     assert roofline.ceiling_values(FAKE_CEILINGS) == {"copy": 540.0, "bf16": 95.0, "tf32": 48.0, "fp32": 26.0}
+
+
+def test_saved_roofline_reads_back_what_notebook_02_saves():
+    ref = results.reference("roofline")
+    dial, copy_gbps, matmuls = roofline.saved_roofline(ref.records)
+    assert dial and all(r["probe"] == "dial" for r in dial) and [r["k"] for r in dial][0] == 0
+    assert copy_gbps == next(r["gbps"] for r in ref.records if r.get("what") == "copy")
+    assert set(matmuls) == {"bf16", "fp32"} and matmuls["bf16"]["n"] == 8192
+    assert matmuls["bf16"]["tflops"] > matmuls["fp32"]["tflops"] > 0

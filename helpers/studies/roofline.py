@@ -117,6 +117,17 @@ def reference_ceilings() -> tuple[dict[str, float], results.Result]:
     return ceiling_values(ref.records), ref
 
 
+def saved_roofline(records: list[dict]) -> tuple[list[dict], float, dict[str, dict]]:
+    """Notebook 02's saved ``roofline`` records read back: the dial records, the copy ceiling (GB/s), and each
+    matmul ceiling by dtype as ``bench.matmul_tflops`` returns it (``{"n": ..., "tflops": ...}``)."""
+    dial = [r for r in records if r["probe"] == "dial"]
+    ceilings = [r for r in records if r["probe"] == "ceiling"]
+    copy_gbps = next(r["gbps"] for r in ceilings if r["what"] == "copy")
+    matmuls = {r["dtype"]: {"n": int(r["what"].split("n=")[1]), "tflops": r["gflops"] / 1e3}
+               for r in ceilings if r["what"].startswith("matmul n=")}
+    return dial, copy_gbps, matmuls
+
+
 # FLOPs per element (tanh and exp counted as one operation each): the counting convention of the course.
 GELU_FLOPS = 9  # tanh form: x^3 (2), *0.044715, +x, *sqrt(2/pi), tanh, +1, *x, *0.5
 LAYERNORM_FLOPS = 8  # mean (1), variance (3), normalise (2), scale and shift (2)
