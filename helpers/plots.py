@@ -46,7 +46,7 @@ def use_course_style() -> None:
 def smoke_note(what: str, reference: Result) -> str:
     """One line for a smoke-scale run (a CPU): ``what`` timed tiny sizes and means nothing as a timing, so the
     reference GPU's committed run (named with its versions) is shown beside it or instead of it."""
-    return f"smoke scale: {what} means nothing as a timing; reference: {reference.short()}"
+    return f"smoke scale: these timings mean nothing ({what}); reference: {reference.short()}"
 
 
 def labelled_axes(title: str, xlabel: str, ylabel: str, *, logx: bool = False, logy: bool = False,

@@ -23,3 +23,25 @@ def test_pct_of_copy():
     assert fused_kernel_timing.pct_of_copy(2e9, 1000.0, 4.0) == pytest.approx(50.0)  # 2 GB/s of a 4 GB/s ceiling
     with pytest.raises(ValueError, match="ms > 0"):
         fused_kernel_timing.pct_of_copy(1.0, 0.0, 4.0)
+
+
+def _ladder(dtype, n, ms, pct):
+    impls = [(None, "eager"), (None, "torch.compile"), (1, "plain, library erf"), (2, "cheaper exact GELU"),
+             (3, "rows per program"), (4, "tuned kernel")]
+    return [{"rung": r, "impl": i, "dtype": dtype, "N": n, "ms": t, "pct_of_copy": p}
+            for (r, i), t, p in zip(impls, ms, pct)]
+
+
+def test_ladder_steps_say_what_each_rung_bought():
+    recs = (_ladder("fp32", 1024, [6.0, 2.0, 3.0, 2.0, 1.0, 1.25], [20, 60, 40, 60, 99, 96])
+            + _ladder("bf16", 1024, [4.0, 2.0, 2.0, 1.0, 1.0, 0.8], [20, 40, 40, 80, 80, 97]))
+    df = fused_kernel_timing.ladder_frame(recs)
+    assert list(dict.fromkeys(df["bar"]))[:3] == ["eager", "torch.compile", "1 plain, library erf"]
+    lines = fused_kernel_timing.ladder_steps(recs)
+    assert lines[0] == ("fp32 N = 1024: rung 1 is 2.00x eager; each rung over the one before: 2: 1.50x, 3: 2.00x, "
+                        "4: 0.80x")
+    assert lines[1] == "  the largest step: 3 rows per program; the tuned kernel 4.80x eager, 1.60x torch.compile"
+    assert lines[2] == "  rung 3 already ran at 99% of copy: nothing left for the tuned kernel to gain (96%)"
+    assert lines[3].startswith("bf16 N = 1024: rung 1 is 2.00x eager")
+    assert "largest step: 2 cheaper exact GELU" in lines[4]
+    assert len(lines) == 5  # bf16's rungs stayed under 98% of copy: no such line
