@@ -122,3 +122,23 @@ def test_seed_table_first_oom_and_status():
     assert table.loc[2, "whole card"] == "-"
     assert analysis.first_oom(records, "7b", 40) == 2 and analysis.first_oom(records, "7b", None) is None
     assert analysis.status(records, "7b", 1, None) == "ok" and analysis.status(records, "7b", 8, 40) is None
+
+
+def test_a_cards_points_sit_beside_the_references_twins():
+    ref = [{"kind": "train", "model": "7b", "batch_size": 4, "cap_gb": None, "attn": "eager", "status": "ok",
+            "point": "train/7b/b=4/cap=none/r=16/eager/len=1024/steps=2+3/no-ckpt", "step_s": 9.0,
+            "tokens_per_s": 1.0, "peak_reserved_gb": 56.0},
+           {"kind": "train", "model": "7b", "batch_size": 4, "cap_gb": None, "attn": "eager", "status": "ok",
+            "point": "train/7b/b=4/cap=none/r=16/eager/len=1024/steps=2+3", "step_s": 0.6, "tokens_per_s": 2000.0,
+            "peak_reserved_gb": 9.4}]
+    here = [{"kind": "train", "model": "7b", "batch_size": 4, "cap_gb": None, "attn": "eager", "status": "ok",
+             "step_s": 0.5, "tokens_per_s": 2400.0, "peak_reserved_gb": None},
+            {"kind": "train", "model": "7b", "batch_size": 1, "cap_gb": 40, "attn": "eager", "status": "oom"}]
+    table = analysis.beside(here, ref, "here", "ref")
+    four = table.loc[("7b", 4, "whole card")]
+    assert (four["here: step s"], four["ref: step s"], four["ref: peak GiB"]) == ("0.50", "0.60", "9.4")  # not no-ckpt
+    assert four["here: peak GiB"] == "-"
+    one = table.loc[("7b", 1, "40 GiB")]
+    assert (one["here: step s"], one["ref: step s"]) == ("OOM", "-")
+    tiny = analysis.beside([{**here[0], "model": "tiny"}], ref, "here", "ref", model="7b")
+    assert tiny.loc[("tiny", 4, "whole card")]["ref: tokens/s"] == "2,000"

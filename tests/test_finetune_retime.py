@@ -124,3 +124,21 @@ def test_select_keeps_the_points_asked_for():
     assert {(p.model, p.batch_size, p.cap_gb) for p in got} == {("13b", b, c) for b in (1, 4) for c in (40, 48)}
     assert retime.select(points) == points
     assert {p.cap_gb for p in retime.select(points, caps=[None])} == {None}
+
+
+def test_time_here_runs_a_child_a_setting_and_saves_nothing(env, monkeypatch, tmp_path):
+    points = [PointSpec("train", "tiny", b, cap, max_len=32) for cap in (None, 0.15) for b in (1, 2)]
+    groups = []
+
+    def fake_child(specs, data_path, deadline, store_path, progress):
+        groups.append([s.key() for s in specs])
+        for s in specs:
+            runner.append(store_path, s.key(), [{"point": s.key(), "batch_size": s.batch_size, "status": "ok"}])
+
+    monkeypatch.setattr(retime, "_run_child", fake_child)
+    got = retime.time_here(points, budget_s=60, data_path=env["data"])
+    assert groups == [[p.key() for p in points[:2]], [p.key() for p in points[2:]]]  # one child a cap
+    assert [r["point"] for r in got] == [p.key() for p in points]
+    assert not (tmp_path / "results").exists()  # a card's own few points are shown, never saved
+    groups.clear()
+    assert retime.time_here(points, budget_s=0, data_path=env["data"]) == [] and groups == []

@@ -67,7 +67,8 @@ def beside(here: list[dict], reference: list[dict], here_name: str, reference_na
     for r in here:
         twin = next((x for x in reference if x.get("kind") == "train" and x["model"] == (model or r["model"])
                      and x["batch_size"] == r["batch_size"] and x.get("cap_gb") == r.get("cap_gb")
-                     and x.get("attn") == r.get("attn") and x.get("status") == "ok"), None)
+                     and x.get("attn") == r.get("attn") and x.get("status") == "ok"
+                     and not x["point"].endswith("/no-ckpt")), None)
         row = {"model": r["model"], "batch size": r["batch_size"],
                "cap": "whole card" if r.get("cap_gb") is None else f"{r['cap_gb']:g} GiB"}
         for name, x in ((here_name, r), (reference_name, twin)):
