@@ -107,7 +107,8 @@ def _level(probe: str, level: str, value: str, per: Callable[[float], float]) ->
     """Notebook 01's probe records inside one level's window of working sets (from the GPU's L2 size)."""
     def extract(records: list[dict], device: dict) -> dict[tuple, Sample]:
         lo, hi = memory_hierarchy.level_windows(device["l2_bytes"])[level]
-        return {(r["working_set_bytes"],): Sample(per(r[value]), intensity=0.0 if level == "HBM" else None)
+        streams_hbm = probe == "bandwidth" and level == "HBM"  # no FLOPs: intensity 0; latency and L2: none
+        return {(r["working_set_bytes"],): Sample(per(r[value]), intensity=0.0 if streams_hbm else None)
                 for r in records if r.get("probe") == probe and lo <= r["working_set_bytes"] <= hi and r.get(value)}
     return extract
 
@@ -441,6 +442,19 @@ def table(parts: list[Part] = PARTS, slow: str = SLOW, fast: str = FAST) -> list
     return rows
 
 
+def runs(parts: list[Part] = PARTS, slow: str = SLOW, fast: str = FAST) -> list[str]:
+    """One line a topic: the commit and date of each GPU's run of it, or that it has none yet."""
+    def run(gpu: str, topic: str) -> str:
+        got = load(topic, gpu)
+        if got is None:
+            return "none yet"
+        p = got.provenance
+        return f"{(p.get('git_commit') or 'no commit')[:7]}{'-dirty' * ('dirty' in (p.get('git_commit') or ''))} " \
+               f"{(p.get('timestamp') or '')[:10]}"
+    return [f"{topic:<26} {slow}: {run(slow, topic):<24} {fast}: {run(fast, topic)}"
+            for topic in dict.fromkeys(p.topic for p in parts)]
+
+
 def compare(name: str, slow: str = SLOW, fast: str = FAST) -> Row:
     """The row of the part called ``name``, from the two GPUs' committed results."""
     part = next((p for p in PARTS if p.name == name), None)
@@ -552,7 +566,7 @@ def plot(rows: list[Row], peaks: dict, bw: tuple[float, float], ax: plt.Axes | N
 
     ax = labelled_axes("bandwidth elasticity against arithmetic intensity", "arithmetic intensity [FLOP per byte]",
                        "elasticity e", logx=True, ax=ax)
-    xs = [0.05 * (2e5 / 0.05) ** (i / 300) for i in range(301)]
+    xs = [0.05 * (1e4 / 0.05) ** (i / 300) for i in range(301)]
     for unit, style in (("fp32", "-"), ("tensor", "--")):
         if unit in peaks:
             ax.plot(xs, [predicted(x, *peaks[unit], *bw) for x in xs], "k" + style, lw=1,
@@ -563,6 +577,6 @@ def plot(rows: list[Row], peaks: dict, bw: tuple[float, float], ax: plt.Axes | N
         ax.plot(*zip(*pts), "os^vD<>"[i % 7], color=f"C{i % 10}", ms=4, alpha=0.8, ls="none", label=row.part.name)
     ax.axhline(0, color="grey", lw=0.5)
     ax.axhline(1, color="grey", lw=0.5)
-    ax.set_xlim(0.05, 2e5)
+    ax.set_xlim(0.05, 1e4)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return ax
