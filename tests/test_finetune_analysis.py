@@ -136,9 +136,9 @@ def test_a_cards_points_sit_beside_the_references_twins():
             {"kind": "train", "model": "7b", "batch_size": 1, "cap_gb": 40, "attn": "eager", "status": "oom"}]
     table = analysis.beside(here, ref, "here", "ref")
     four = table.loc[("7b", 4, "whole card")]
-    assert (four["here: step s"], four["ref: step s"], four["ref: peak GiB"]) == ("0.50", "0.60", "9.4")  # not no-ckpt
-    assert four["here: peak GiB"] == "-"
+    assert (four[("here", "step s")], four[("ref", "step s")], four[("ref", "peak GiB")]) == ("0.50", "0.60", "9.4")
+    assert four[("here", "peak GiB")] == "-"  # the no-checkpointing twin (56 GiB) is not the one beside it
     one = table.loc[("7b", 1, "40 GiB")]
-    assert (one["here: step s"], one["ref: step s"]) == ("OOM", "-")
+    assert (one[("here", "step s")], one[("ref", "step s")]) == ("OOM", "-")
     tiny = analysis.beside([{**here[0], "model": "tiny"}], ref, "here", "ref", model="7b")
-    assert tiny.loc[("tiny", 4, "whole card")]["ref: tokens/s"] == "2,000"
+    assert tiny.loc[("tiny", 4, "whole card")][("ref", "tokens/s")] == "2,000"

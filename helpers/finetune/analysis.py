@@ -62,7 +62,7 @@ def beside(here: list[dict], reference: list[dict], here_name: str, reference_na
            model: str | None = None) -> pd.DataFrame:
     """This card's training points (``here``) beside the reference's at the same batch size and cap, of the same
     model (or of ``model``: the smoke scale's tiny points beside the reference's 7B): step time, tokens/s and peak
-    memory reserved, one row a point of ``here`` ("-" where the reference has no such point)."""
+    memory reserved, one row a point of ``here`` ("-" where the reference has no such point); columns (whose, what)."""
     rows = []
     for r in here:
         twin = next((x for x in reference if x.get("kind") == "train" and x["model"] == (model or r["model"])
@@ -74,8 +74,10 @@ def beside(here: list[dict], reference: list[dict], here_name: str, reference_na
         for name, x in ((here_name, r), (reference_name, twin)):
             ok = x is not None and x.get("status") == "ok"
             peak = x.get("peak_reserved_gb") if ok else None
-            row[f"{name}: step s"] = f"{x['step_s']:.2f}" if ok else ("OOM" if x else "-")
-            row[f"{name}: tokens/s"] = f"{x['tokens_per_s']:,.0f}" if ok else "-"
-            row[f"{name}: peak GiB"] = f"{peak:.1f}" if peak else "-"
+            row[(name, "step s")] = f"{x['step_s']:.2f}" if ok else ("OOM" if x else "-")
+            row[(name, "tokens/s")] = f"{x['tokens_per_s']:,.0f}" if ok else "-"
+            row[(name, "peak GiB")] = f"{peak:.1f}" if peak else "-"
         rows.append(row)
-    return pd.DataFrame(rows).set_index(["model", "batch size", "cap"])
+    table = pd.DataFrame(rows).set_index(["model", "batch size", "cap"])
+    table.columns = pd.MultiIndex.from_tuples(table.columns)
+    return table
