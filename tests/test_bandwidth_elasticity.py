@@ -167,3 +167,23 @@ def test_the_committed_results_build_a_table():
     assert all(r.e is not None for r in rows if r.status == "compared")
     copy = next(r for r in rows if r.part.topic == "ceilings" and r.part.name.startswith("copy"))
     assert copy.e == pytest.approx(1.0)
+
+
+def test_every_part_reads_the_committed_records_of_the_gpu_that_has_them(tmp_path, monkeypatch):
+    """With the H200's committed files standing in for both GPUs (the H100's ceilings kept, so the copy rates
+    differ), every part finds records (the extractors match the real schema) and the verdict is computed."""
+    fast = results.results_dir("full") / be.FAST
+    for gpu in (be.SLOW, be.FAST):
+        (tmp_path / gpu).mkdir()
+        for f in fast.glob("*.json"):
+            (tmp_path / gpu / f.name).write_text(f.read_text())
+    (tmp_path / be.SLOW / "ceilings.json").write_text((results.results_dir("full") / be.SLOW / "ceilings.json")
+                                                      .read_text())
+    monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path))
+    rows = be.table()
+    assert [r.part.name for r in rows if r.status != "compared"] == []
+    assert {r.code for r in rows if r.part.topic != "ceilings"} <= {"same", "same*", "unknown"}  # the same files
+    lines = be.verdict(rows)
+    assert any(line.startswith("a QLoRA step (model 7b, batch_size 16): ") and "% of its time follows bandwidth" in line
+               for line in lines), lines
+    assert not any("not decided" in line or "yet" in line for line in lines), lines

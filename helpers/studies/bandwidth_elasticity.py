@@ -64,6 +64,7 @@ class Sample:
     hi: float | None = None
     intensity: float | None = None
     unit: str = "fp32"
+    commit: str | None = None  # the record's own commit, where it carries one (else the file's applies)
 
 
 Extract = Callable[[list[dict], dict], dict[tuple, Sample]]
@@ -98,14 +99,17 @@ def _by(fields: tuple[str, ...], select: Callable[[dict], bool], time: Callable[
         out = {}
         for r in records:
             if select(r) and (t := time(r)) is not None and t > 0:
-                out[tuple(r.get(f) for f in fields)] = Sample(t, *spread(r), intensity(r), unit)
+                out[tuple(r.get(f) for f in fields)] = Sample(t, *spread(r), intensity(r), unit, r.get("git_commit"))
         return out
+    extract.fields = fields  # names the key's values in the verdict
     return extract
 
 
 def _level(probe: str, level: str, value: str, per: Callable[[float], float]) -> Extract:
     """Notebook 01's probe records inside one level's window of working sets (from the GPU's L2 size)."""
     def extract(records: list[dict], device: dict) -> dict[tuple, Sample]:
+        if not device.get("l2_bytes"):
+            return {}  # no device record: the level's window is unknown
         lo, hi = memory_hierarchy.level_windows(device["l2_bytes"])[level]
         streams_hbm = probe == "bandwidth" and level == "HBM"  # no FLOPs: intensity 0; latency and L2: none
         return {(r["working_set_bytes"],): Sample(per(r[value]), intensity=0.0 if streams_hbm else None)
@@ -326,9 +330,9 @@ def changed_files(rows: list["Row"]) -> dict[str, str]:
     return {r.part.name: r.code[9:] for r in rows if r.code.startswith("changed: ")}
 
 
-def _commits(result: results.Result) -> set[str | None]:
-    """The commits a topic's records came from: the records' own where they carry one, else the file's."""
-    own = {r["git_commit"] for r in result.records if r.get("git_commit")}
+def _commits(samples: list[Sample], result: results.Result) -> set[str | None]:
+    """The commits the compared samples came from: their records' own where they carry one, else the file's."""
+    own = {s.commit for s in samples if s.commit}
     return own or {result.provenance.get("git_commit")}
 
 
@@ -378,13 +382,15 @@ class Row:
         return math.exp(statistics.fmean(math.log(t) for t in ts)) if ts else None
 
 
-def _pair(slow: Sample, fast: Sample, bw: tuple[float, float]) -> Point:
+def _pair(key: tuple, slow: Sample, fast: Sample, bw: tuple[float, float]) -> Point:
+    """One configuration's e, and e from its repeats' extremes (slow GPU's fastest against fast GPU's slowest,
+    and the reverse) where either GPU kept them."""
     e = elasticity(slow.t, fast.t, *bw)
     if slow.lo is None and fast.lo is None:
-        return Point((), slow, fast, e, None, None)
+        return Point(key, slow, fast, e, None, None)
     s_lo, s_hi = (slow.lo, slow.hi) if slow.lo is not None else (slow.t, slow.t)
     f_lo, f_hi = (fast.lo, fast.hi) if fast.lo is not None else (fast.t, fast.t)
-    return Point((), slow, fast, e, elasticity(s_lo, f_hi, *bw), elasticity(s_hi, f_lo, *bw))
+    return Point(key, slow, fast, e, elasticity(s_lo, f_hi, *bw), elasticity(s_hi, f_lo, *bw))
 
 
 def build_row(part: Part, slow: results.Result | None, fast: results.Result | None, bw: tuple[float, float],
@@ -399,12 +405,9 @@ def build_row(part: Part, slow: results.Result | None, fast: results.Result | No
     if not keys:
         empty = [n for n, s in zip(names, samples) if not s]
         return Row(part, f"no records of it on {' or '.join(empty)} yet" if empty else "no configuration on both")
-    points = []
-    for k in keys:
-        point = _pair(samples[0][k], samples[1][k], bw)
-        point.key = k
-        points.append(point)
-    status = worst(code_status(a, b, part.sources) for a in _commits(slow) for b in _commits(fast))
+    points = [_pair(k, samples[0][k], samples[1][k], bw) for k in keys]
+    status = worst(code_status(a, b, part.sources) for a in _commits([p.slow for p in points], slow)
+                   for b in _commits([p.fast for p in points], fast))
     return Row(part, "compared", points, status)
 
 
@@ -433,7 +436,7 @@ def copy_bandwidths(slow: str = SLOW, fast: str = FAST) -> tuple[float, float]:
 def table(parts: list[Part] = PARTS, slow: str = SLOW, fast: str = FAST) -> list[Row]:
     """Every part compared between the two GPUs' committed results (parts one GPU lacks say so)."""
     bw = copy_bandwidths(slow, fast)
-    devices = tuple(results.load("device", gpu=g).records[0] for g in (slow, fast))
+    devices = tuple((got.records[0] if (got := load("device", g)) else {}) for g in (slow, fast))
     cache: dict[tuple[str, str], results.Result | None] = {}
     rows = []
     for part in parts:
@@ -538,17 +541,19 @@ def verdict(rows: list[Row]) -> list[str]:
     """The verdict lines: the share of a QLoRA step's time and of a decoded token's time that follows bandwidth,
     by :func:`combined` over the parts' times on the reference GPU; where the data are missing, what would decide."""
     lines = []
+    by_name = {r.part.name: r for r in rows}
     for what, names, whole, fix in (
             ("a QLoRA step", STEP_PARTS, "QLoRA step: whole step", "scripts/step_parts.py on the H100"),
-            ("a decoded token (eager, device + host)", TOKEN_PARTS, "decode parts, eager: token",
+            ("a decoded token (eager)", TOKEN_PARTS, "decode parts, eager: token",
              "scripts/step_parts.py on the H100 (its decode parts)")):
         got = shares(rows, names, whole)
         if got is None:
             lines.append(f"{what}: not decided; the parts are not measured on both GPUs. Deciding it needs {fix}.")
             continue
+        fields = getattr(by_name[whole].part.extract, "fields", ())
         for key, (share, e) in got.items():
-            lines.append(f"{what} {key}: {100 * share:.0f}% of its time follows bandwidth (its own e: {e:.2f})")
-    by_name = {r.part.name: r for r in rows}
+            where = ", ".join(f"{f} {v}" for f, v in zip(fields, key) if v is not None)
+            lines.append(f"{what} ({where}): {100 * share:.0f}% of its time follows bandwidth (its own e: {e:.2f})")
     for name in ("decode: + attention over live cache", "decode: stock generate"):
         row = by_name.get(name)
         if row is not None and row.status == "compared":
