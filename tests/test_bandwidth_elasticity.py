@@ -1,5 +1,7 @@
 """Bandwidth elasticity (notebook 10): the formula against hand-computed values, the roofline's prediction, the
 rows built from small fake records, a part measured on one GPU only, and the code-changed marking."""
+import dataclasses
+import functools
 import json
 import math
 import subprocess
@@ -141,6 +143,18 @@ def test_code_status_marks_changed_sources(repo):
     assert be.code_status(one, two + "-dirty", ("b.py",), path) == "same*"
     assert be.code_status(one, "0" * 40, ("b.py",), path) == "unknown"  # a commit not in this history
     assert be.code_status(None, two, ("b.py",), path) == "unknown"  # a provenance without a commit
+
+
+def test_a_row_is_marked_when_its_code_changed_between_the_runs(repo, monkeypatch):
+    path, one, two = repo
+    monkeypatch.setattr(be, "code_status", functools.partial(be.code_status, repo=path))
+    records = [{"impl": "mine", "M": 1, "ms": 1.0}]
+    changed, same = dataclasses.replace(PART, sources=("a.py",)), dataclasses.replace(PART, sources=("b.py",))
+    assert be.build_row(changed, fake(records, one), fake(records, two), (1.0, 1.42), ({}, {})).code == "changed: a.py"
+    assert be.build_row(same, fake(records, one), fake(records, two), (1.0, 1.42), ({}, {})).code == "same"
+    # records that carry their own commit override the file's provenance
+    own = [{**records[0], "git_commit": one}]
+    assert be.build_row(changed, fake(own, one), fake(own, two), (1.0, 1.42), ({}, {})).code == "same"
 
 
 def test_code_status_without_git_is_unknown(repo, monkeypatch):
