@@ -24,6 +24,7 @@ import triton.language as tl
 
 from ..device import INTERPRET
 from . import check_triton_device
+from .fit import prune_to_fit
 
 LOG2E = 1.4426950408889634
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -37,16 +38,18 @@ def _configs(configs: list[triton.Config], interpreted: triton.Config) -> list[t
 
 # Forward: tiles of 128 queries let the tensor cores work on 128-row products (Hopper's wgmma with
 # 8 warps); the K/V tile and the pipeline depth trade shared memory for latency hiding.
-_FWD_CONFIGS = _configs(
-    [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-     for bm, bn, w, s in [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]],
-    triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}),
-)
-_BWD_CONFIGS = _configs(
-    [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-     for bm, bn, w, s in [(64, 64, 4, 2), (64, 128, 8, 2), (32, 128, 4, 2), (128, 64, 8, 2)]],
-    triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}),
-)
+FWD_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+               for bm, bn, w, s in [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2),
+                                    (64, 64, 4, 3)]]
+BWD_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+               for bm, bn, w, s in [(64, 64, 4, 2), (64, 128, 8, 2), (32, 128, 4, 2), (128, 64, 8, 2)]]
+# Fallbacks, for a card on which none of the tuned configs fits its shared memory (a T4's 64 KB a block, at
+# D = 128): smaller tiles, fewer stages. Tried only there, so the cards the lists were tuned on keep them.
+FWD_FALLBACKS = [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)]
+BWD_FALLBACKS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=4, num_stages=1)
+                 for bm, bn in [(32, 64), (32, 32)]]
+_FWD_CONFIGS = _configs(FWD_CONFIGS, triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}))
+_BWD_CONFIGS = _configs(BWD_CONFIGS, triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}))
 
 
 @triton.jit
@@ -251,6 +254,11 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
     dq *= sm_scale
     tl.store(DQ + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+prune_to_fit(_fwd_kernel, "flash_attention forward", FWD_FALLBACKS)
+prune_to_fit(_bwd_dkdv_kernel, "flash_attention backward (dK, dV)", BWD_FALLBACKS)
+prune_to_fit(_bwd_dq_kernel, "flash_attention backward (dQ)", BWD_FALLBACKS)
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:

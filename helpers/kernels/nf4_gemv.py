@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from .. import device as _device  # imported first: sets TRITON_INTERPRET before the kernels are defined
+from ..card_fit import this_card
 from . import check_powers_of_two
 from .nf4_format import NF4Operands, nf4_operands
 from .nf4_matmul_tile import _nf4_matmul_tile_kernel
@@ -49,6 +50,7 @@ from .nf4_matvec import _nf4_matmul_row_kernel
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_M = 64  # rows of x one launch handles (the tensor-core path pads M to 16, 32 or 64)
 MAX_SPLIT = 4  # K is split at most 4 ways
+FP32_TILE_SMEM = 96 * 1024  # the shared memory a block the table's tiles need with fp32 x (tests/test_cross_compile.py)
 INTERPRETER_BLOCK_N = 128  # config_for's widest tile in Triton's interpreter (the GPU's table: 16 or 64)
 DOT_FP32 = _device.INTERPRET  # the interpreter's tl.dot mishandles bf16 operands: give it their fp32 values
 
@@ -109,12 +111,26 @@ def _block_m(m: int, dtype: torch.dtype) -> int:
     return 1 if m == 1 and dtype != torch.float16 else max(16, triton.next_power_of_2(m))
 
 
-def config_for(m: int, n: int, k: int, blocksize: int = 64, dtype: torch.dtype = torch.bfloat16) -> Config:
+@functools.lru_cache(maxsize=None)
+def _smem_per_block() -> int | None:
+    card = this_card()
+    return card.smem_per_block_bytes if card else None
+
+
+def config_for(m: int, n: int, k: int, blocksize: int = 64, dtype: torch.dtype = torch.bfloat16,
+               smem_per_block: int | None = None) -> Config:
     """The default launch shape for M rows of x (``dtype``) against an (N, K) weight: the table above, ``block_k``
     cut to K (rounded up to a power of two) and at least ``blocksize``, and K split (up to ``MAX_SPLIT``
     ways) while the grid has fewer programs than the table's minimum and each slice keeps two chunks.
-    In the interpreter ``block_n`` then widens to ``INTERPRETER_BLOCK_N`` (fewer programs to simulate)."""
-    block_n, block_k, warps, prefetch, min_programs = _TABLE[_block_m(max(1, min(m, MAX_M)), dtype)]
+    fp32 x on the tensor-core path holds its tiles in 4 bytes an element: on a card with less than
+    ``FP32_TILE_SMEM`` of shared memory a block (``smem_per_block``, default this GPU's; a T4's 64 KB)
+    ``block_k`` halves. In the interpreter ``block_n`` then widens to ``INTERPRETER_BLOCK_N`` (fewer programs
+    to simulate)."""
+    block_m = _block_m(max(1, min(m, MAX_M)), dtype)
+    block_n, block_k, warps, prefetch, min_programs = _TABLE[block_m]
+    smem = _smem_per_block() if smem_per_block is None else smem_per_block
+    if dtype == torch.float32 and block_m > 1 and smem is not None and smem < FP32_TILE_SMEM:
+        block_k //= 2
     block_k = max(min(block_k, triton.next_power_of_2(k)), blocksize)
     split, programs, chunks = 1, triton.cdiv(n, block_n), triton.cdiv(k, block_k)
     while programs * split < min_programs and split < MAX_SPLIT and chunks >= 4 * split:
