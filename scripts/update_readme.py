@@ -383,7 +383,8 @@ def render(gpus: tuple[str, ...] = GPUS) -> str:
     if not rows:
         return "_No GPU results committed yet._"
     figure = next((g for g in gpus if (results.REPO_ROOT / "results" / g / "summary.png").exists()), None)
-    lines = [f"Measured on one GPU of each kind (notebook 08: two); the reference GPU is the {gpu_label(gpus[0], False)}. "
+    lines = [f"Measured on one GPU of each kind (notebook 08: two); the reference GPU is the "
+             f"{gpu_label(gpus[0], False)}. "
              f"{len(headlines(rows))} of the {len(rows)} rows of [the full table](results/README.md), which also "
              "gives every file's provenance. Every row is read from `results/<gpu>/` (`results/<gpu>x2/`) by "
              "`scripts/update_readme.py`; \"not measured\": that GPU has no run of it yet.", "",

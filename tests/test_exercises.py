@@ -271,7 +271,7 @@ def ids_in_notebook(number: str) -> set[str]:
     return set(ID_PATTERN.findall(cell_sources(json.loads(notebook.read_text())["cells"])))
 
 
-@pytest.mark.parametrize("number", [f"{n:02d}" for n in range(1, 10)])
+@pytest.mark.parametrize("number", [f"{n:02d}" for n in range(1, 11)])
 def test_notebook_has_exercises(number):
     ids = {i for i in ids_in_notebook(number) if i in CHECKS}
     assert len(ids) >= 2, f"notebook {number} names {sorted(ids)} of CHECKS"
@@ -291,7 +291,7 @@ def test_appendix_notebook_carries_its_exercise(number):
 
 def test_every_check_is_in_a_notebook():
     appendix = ["04a", "04b", "05a", "07a", "07b"]
-    named = set().union(*(ids_in_notebook(n) for n in [f"{n:02d}" for n in range(0, 10)] + appendix))
+    named = set().union(*(ids_in_notebook(n) for n in [f"{n:02d}" for n in range(0, 11)] + appendix))
     assert set(CHECKS) <= named, f"not in any notebook: {sorted(set(CHECKS) - named)}"
 
 

@@ -102,3 +102,14 @@ def test_jupyterlab_saves_through_the_cleaning_hook(tmp_path):
     other = {"type": "file", "content": "text"}
     manager.run_pre_save_hooks(model=other, path="x.txt")
     assert other == {"type": "file", "content": "text"}
+
+
+def test_appendix_notebooks_are_collected_after_the_numbered_ones():
+    """pytest (testpaths: tests, notebooks) collects notebooks/appendix/ too, after 00-08: the conftest scheduler runs
+    every notebook cell on one worker in collection order, so an appendix notebook runs after its parent."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          "--nbval-lax", "notebooks"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    files = list(dict.fromkeys(line.split("::")[0] for line in out.stdout.splitlines() if ".ipynb::" in line))
+    appendix = sorted(p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "notebooks").glob("appendix/*.ipynb"))
+    assert appendix and files[-len(appendix):] == appendix, out.stdout[-2000:] + out.stderr[-2000:]
+    assert all(not f.startswith("notebooks/appendix/") for f in files[:-len(appendix)])
