@@ -139,3 +139,17 @@ def test_a_reference_peak_is_the_committed_whole_card_point():
     seven = next(r for r in REFERENCE if r["point"] == "train/7b/b=4/cap=none/r=16/eager/len=1024/steps=2+3")
     assert reference_peak_bytes("7b", 4, REFERENCE) == seven["peak_reserved_gb"] * GiB
     assert reference_peak_bytes("70b", 32, REFERENCE) is None  # out of memory: no peak to size by
+
+
+def test_the_sweeps_command_line_runs_this_cards_plan(monkeypatch, capsys):
+    from helpers.finetune import sweep
+
+    ran = []
+    monkeypatch.setattr(sweep, "run_sweep", lambda points, **kw: ran.append(points) or [])
+    monkeypatch.setattr(sweep, "pending", lambda points: [])
+    monkeypatch.setattr(sweep, "pick", lambda full, smoke: full)  # as on a GPU
+    monkeypatch.setattr(sweep, "this_card", lambda: CARDS["NVIDIA A100-SXM4-40GB"])
+    sweep.main(["--full-plan"])
+    assert ran[0] == card_plan.sweep_plan(CARDS["NVIDIA A100-SXM4-40GB"]).points
+    assert {p.cap_gb for p in ran[0]} == {None, 40}  # no 48 GiB point for the validation to refuse
+    assert "the 40 GiB cap runs as the whole" in capsys.readouterr().out

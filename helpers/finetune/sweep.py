@@ -17,8 +17,9 @@ only its own GPU); a worker takes a whole group (one model, cap and setting, its
 order), so the out-of-memory rule above still saves the work it saves on one GPU. Each point still
 owns its GPU alone; the two only share the host's CPU cores.
 
-The plans (``plan``, ``full_plan``) are ``point_spec``'s; resuming, the budget, the GPUs' workers and the
-out-of-memory rule are the runner's (``runner.run``), which the re-timing and the two-GPU runs share.
+The plans (``plan``, ``full_plan``) are ``point_spec``'s, cut to a card by ``card_plan``; resuming, the budget, the
+GPUs' workers and the out-of-memory rule are the runner's (``runner.run``), which the re-timing and the two-GPU runs
+share.
 """
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ from ..device import HAS_CUDA, SCALE, pick
 from ..llama.data import TokenizedData, data_file
 from ..llama.memory_caps import GiB
 from ..llama.models import MODELS
-from .point_spec import BATCH_SIZES, NEW_TOKENS, SEED_MAX_LEN, PointSpec, full_plan, plan
+from ..card_fit import this_card
+from .card_plan import sweep_plan
+from .point_spec import BATCH_SIZES, NEW_TOKENS, SEED_MAX_LEN, PointSpec, plan
 from .runner import Plan, Store, default_store, failure, run, run_child
 from .runner import pending as pending_points
 
@@ -143,7 +146,8 @@ def cli() -> argparse.ArgumentParser:
     """The sweep's command line; its defaults follow the scale (notebook 06's plan at each)."""
     parser = argparse.ArgumentParser(description=f"Run (or resume) the QLoRA fine-tuning sweep (scale {SCALE}: "
                                      "defaults to " + pick(full="the Llama-2 models", smoke="the tiny Llama") + ").")
-    parser.add_argument("--full-plan", action="store_true", help="the notebook's whole sweep (other options ignored)")
+    parser.add_argument("--full-plan", action="store_true",
+                        help="the notebook's whole sweep, less what this card cannot hold (other options ignored)")
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=pick(full=["7b", "13b", "70b"],
                                                                                    smoke=["tiny"]))
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=pick(full=list(BATCH_SIZES), smoke=[1, 2, 4]))
@@ -163,7 +167,10 @@ def cli() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = cli().parse_args(argv)
     caps = [None if c == "none" else float(c) for c in args.caps]
-    points = full_plan() if args.full_plan else plan(
+    if args.full_plan:  # the notebook's plan for this card: what it cannot hold left out, each with a line
+        card = sweep_plan(pick(full=this_card, smoke=lambda: None)())
+        print("\n".join(card.lines) or "the whole plan fits this card")
+    points = card.points if args.full_plan else plan(
         args.models, args.batch_sizes, caps, generate=not args.no_generate, lora_r=args.lora_r, attn=args.attn,
         max_len=args.max_len or None, new_tokens=tuple(args.new_tokens))
     records = run_sweep(points, budget_s=args.budget_s, gpus=args.gpus)
