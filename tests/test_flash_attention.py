@@ -153,3 +153,12 @@ def test_dense_check():
     t = torch.randn(2, 3, 5, 8)
     assert is_dense(t) and is_dense(t.transpose(1, 2)) and is_dense(t[:1])
     assert not is_dense(t[..., :4]) and not is_dense(t[:, :, ::2]) and not is_dense(t[:, :1])
+
+
+@pytest.mark.parametrize("bwd", range(len(FA.BWD_FALLBACKS)))
+def test_fallback_configs_match_float64(poisoned, monkeypatch, bwd):
+    """The small configs a card falls back to where none of the tuned ones fits its shared memory (a T4 at D = 128)."""
+    monkeypatch.setattr(FA._fwd_kernel, "configs", FA.FWD_FALLBACKS)
+    for kernel in (FA._bwd_dkdv_kernel, FA._bwd_dq_kernel):
+        monkeypatch.setattr(kernel, "configs", [FA.BWD_FALLBACKS[bwd]])
+    check_against_float64(1, 2, 1, 40, 77, 128, True, DTYPE)
