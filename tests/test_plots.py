@@ -44,5 +44,6 @@ def test_smoke_note_names_the_reference_run_and_its_file():
 
     ref = results.reference("ceilings")
     line = plots.smoke_note("the copy", ref)
-    assert line.startswith("smoke scale: these timings mean nothing (the copy)") and ref.short() in line and "\n" not in line
+    assert line.startswith("smoke scale: these timings mean nothing (the copy)")
+    assert ref.short() in line and "\n" not in line
     assert ref.provenance["gpu"] == "NVIDIA H100 80GB HBM3" and len(line) <= 120
