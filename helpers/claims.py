@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -340,10 +341,10 @@ def a100_small_batches(load: Loader, gpu: str) -> Verdict:
     evidence = {f"{r['model']} batch {r['batch']}: Ada / A100 step time": (
         f"{r['ratio']:.2f} ({r['low']:.2f}-{r['high']:.2f} at +-{r['uncertainty']:.0%}), {r['deciding']} decides "
         f"({r['ratio if deciding x clock']:.2f} if it followed the SM clock instead)") for r in small}
-    evidence["tie: bandwidth parts / matmul time on this GPU"] = round(step_model.tie_share(here, a100, ada), 2)
+    evidence[f"tie: bandwidth parts / matmul time on the {here.name}"] = round(step_model.tie_share(here, a100, ada), 2)
     unpaced = model.unpaced_parts()
     evidence["parts paced by the bandwidth or the clock (under "
-             f"{step_model.PACED_FRACTION:.0%} of the bandwidth here)"] = ", ".join(unpaced) or "none"
+             f"{step_model.PACED_FRACTION:.0%} of the {here.name}'s bandwidth)"] = ", ".join(unpaced) or "none"
     faster = [r["faster"] for r in small]
     if all(f == a100.name for f in faster):
         return Verdict(CONFIRMED, rule, evidence)
@@ -535,5 +536,7 @@ def show(notebook: str | None = None, gpu: str | None = None) -> None:
     print(f"Seed claims judged from results/{gpu}/ (a topic it lacks: the reference H100's, else the H200's; "
           "the rule beside each verdict):")
     for row in table(notebook, gpu).itertuples():
-        print(f"\n* {row.claim} ({row.seed}; notebook {row.notebooks})\n  verdict: {row.verdict}\n"
-              f"  rule: {row.rule}\n  evidence: {row.evidence or '-'}\n  read: {row.read or '-'}")
+        print(f"\n* {row.claim} ({row.seed}; notebook {row.notebooks})")
+        for field, text in (("verdict", row.verdict), ("rule", row.rule), ("evidence", row.evidence or "-"),
+                            ("read", row.read or "-")):
+            print(textwrap.fill(f"{field}: {text}", 116, initial_indent="  ", subsequent_indent="      "))
