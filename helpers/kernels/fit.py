@@ -92,7 +92,7 @@ class _Allocated(Exception):
 @contextlib.contextmanager
 def _stop_after_allocation():
     """Make the NVIDIA backend raise ``_Allocated(bytes)`` where it hands its module to LLVM (the shared
-    memory is allocated by then). Without that hook (another Triton), compiling runs to the end."""
+    memory is allocated by then). Where that does not apply (another Triton), compiling runs to the end."""
     try:
         from triton.backends.nvidia import compiler as nvidia
         real = nvidia.llvm
@@ -106,7 +106,10 @@ def _stop_after_allocation():
 
         @staticmethod
         def to_module(module, context):
-            raise _Allocated(module.get_int_attr("ttg.shared"))
+            shared = module.get_int_attr("ttg.shared")
+            if shared is None:  # a Triton that names it otherwise: compile on, to the metadata
+                return real.to_module(module, context)
+            raise _Allocated(shared)
 
     nvidia.llvm = _Llvm()
     try:
