@@ -213,5 +213,13 @@ def load(topic: str, gpu: str | None = None, scale: str = "full") -> Result:
 
 
 def reference(topic: str) -> Result:
-    """The committed run of ``topic`` to show beside a learner's own: the reference H100's, else the H200's."""
-    return load(topic, gpu=source_gpu(topic, prefer=REFERENCE_GPU))
+    """The committed run of ``topic`` to show beside a learner's own: the reference H100's, else the H200's.
+
+    On that very GPU at full scale the file is this machine's own, written by an earlier run (the committed one,
+    or the learner's last): its GPU name then says so, with the run's time, so that it is never read as this run."""
+    res = load(topic, gpu=source_gpu(topic, prefer=REFERENCE_GPU))
+    if SCALE == "full" and res.path.parent.name == gpu_slug():
+        when = str(res.provenance.get("timestamp") or "time not recorded")[:16].replace("T", " ")
+        res = Result(res.path, {**res.provenance, "gpu": f"{res.provenance.get('gpu')}, an earlier run on this GPU "
+                                                         f"({when} UTC)"}, res.records)
+    return res

@@ -81,6 +81,21 @@ def test_a_topic_is_read_from_this_gpu_then_the_reference_then_the_h200(tmp_resu
         results.source_gpu("serving", prefer="l4")
     assert results.reference("ceilings").path.parent.name == results.REFERENCE_GPU  # not this machine's "l4"
     assert results.reference("finetune").path.parent.name == "h200"
+    assert results.reference("ceilings").provenance == {}  # another GPU's run: as saved
+
+
+def test_the_reference_read_on_the_reference_gpu_itself_says_it_is_an_earlier_run(tmp_results, monkeypatch):
+    (tmp_results / results.REFERENCE_GPU).mkdir()
+    provenance = {"gpu": "NVIDIA H100 80GB HBM3", "timestamp": "2026-12-06T05:22:25+00:00"}
+    (tmp_results / results.REFERENCE_GPU / "ceilings.json").write_text(
+        json.dumps({"provenance": provenance, "records": [{"a": 1}]}))
+    monkeypatch.setattr(results, "SCALE", "full")
+    monkeypatch.setattr(results, "gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    ref = results.reference("ceilings")
+    assert ref.provenance["gpu"] == "NVIDIA H100 80GB HBM3, an earlier run on this GPU (2026-12-06 05:22 UTC)"
+    assert ref.short().startswith("NVIDIA H100 80GB HBM3, an earlier run")
+    monkeypatch.setattr(results, "gpu_name", lambda: "NVIDIA H200")
+    assert results.reference("ceilings").provenance["gpu"] == "NVIDIA H100 80GB HBM3"
 
 
 def test_smoke_runs_never_write_into_committed_results(monkeypatch):
