@@ -21,6 +21,21 @@ from helpers.kernels import launches as kl  # noqa: E402
 from helpers.kernels.fit import TARGETS  # noqa: E402
 
 
+def summary(rows: list[dict], targets: list[str]) -> str:
+    """A table: for each launch, on each target, how many of its compiled configs fit ("fitting/compiled")."""
+    counts: dict[str, dict[str, list[int]]] = {}
+    for row in rows:
+        count = counts.setdefault(row["launch"], {}).setdefault(row["target"], [0, 0])
+        count[0] += row["fits"]
+        count[1] += 1
+    width = max([len(name) for name in counts] + [16])
+    lines = [f"{'configs that fit':{width}s} " + " ".join(f"{t:>7s}" for t in targets)]
+    for name, by_target in counts.items():
+        cells = [f"{by_target[t][0]}/{by_target[t][1]}" if t in by_target else "-" for t in targets]
+        lines.append(f"{name:{width}s} " + " ".join(f"{c:>7s}" for c in cells))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cross_compile_sweep.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS)
@@ -44,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{'  (pick)' if row['pick'] else ''}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    print(summary(rows, args.targets))
     failures = kl.misfits(rows)
     for line in failures:
         print("FAIL:", line)

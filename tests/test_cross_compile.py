@@ -50,6 +50,8 @@ def test_limits_are_the_cards():
 def test_every_kernel_fits(tmp_path, target):
     run, rows = _sweep(tmp_path, "--ci", "--targets", target)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    too_big = [f"{r['launch']} {r['config']}: {r['shared']} bytes" for r in rows if not r["fits"]]
+    assert not too_big, f"over {target}'s {LIMITS[target]} bytes a block: {too_big}"
     kernels = {row["launch"].split()[0] for row in rows}
     expected = _jitted_kernels() - ({HOPPER_ONLY} if target != "sm_90" else set())
     if target not in ("sm_75", "sm_80"):  # the element-wise kernels are compiled for those two (launches.launches)
@@ -86,7 +88,6 @@ def test_nf4_fp32_tiles_halve_on_a_card_under_96_kb():
 
 
 PRUNE_ON_A_T4 = """
-import torch
 from helpers.kernels import fit, launches, flash_attention as fa
 fit.this_arch = lambda: ("sm_75", 64 * 1024, "Tesla T4")
 row = [r for r in launches.launches() if r.name == "flash_attention._bwd_dq_kernel float16 D=128 causal"][0]
