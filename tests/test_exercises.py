@@ -89,6 +89,20 @@ def combine_inverted_factor(m1, l1, acc1, m2, l2, acc2):
     return m, a1 * l1 + a2 * l2, a1[:, None] * acc1 + a2[:, None] * acc2
 
 
+def combine_naive_shift(m1, l1, acc1, m2, l2, acc2):
+    """The textbook rescaling, right wherever some tile sees a key: NaN in a row that neither tile sees."""
+    m = torch.maximum(m1, m2)
+    a1, a2 = torch.exp(m1 - m), torch.exp(m2 - m)
+    return m, a1 * l1 + a2 * l2, a1[:, None] * acc1 + a2[:, None] * acc2
+
+
+def bias_gelu_one_program(x, bias):
+    """A kernel whose grid is one program of 1,024 elements: right only while x fits one block."""
+    out = ex04.bias_gelu(x, bias)
+    out.view(-1)[1024:] = float("nan")
+    return out
+
+
 def tiles_by_index(seq_len, block_m, block_n):
     """Tile (i, j) visited when j <= i, masked when j == i: right only when block_m == block_n."""
     n_m, n_n = -(-seq_len // block_m), -(-seq_len // block_n)
@@ -147,8 +161,9 @@ PLANTED = {
     "01.1": [row_sum_off_by_one, lambda x: x.float()[:, :-1].sum(dim=1), lambda x: x.float().sum(dim=1) / x.shape[1]],
     "02.1": [softmax_store_off_by_one, softmax_pads_with_zero, softmax_without_max],
     "04.1": [bias_gelu_bias_by_row, bias_gelu_missing_bias,
-             lambda x, b: torch.nn.functional.gelu(x.float() + b.float(), approximate="tanh").to(x.dtype)],
-    "05.1": [combine_without_rescaling_acc, combine_inverted_factor],
+             lambda x, b: torch.nn.functional.gelu(x.float() + b.float(), approximate="tanh").to(x.dtype),
+             bias_gelu_one_program],
+    "05.1": [combine_without_rescaling_acc, combine_inverted_factor, combine_naive_shift],
     "05.2": [tiles_by_index, tiles_ignore_sequence_end],
     "07.1": [nf4_low_nibble_first, nf4_block_of_byte],
     "07.2": [write_kv_next_position, write_kv_swapped, write_kv_new_tensors],

@@ -12,7 +12,8 @@ def combine_states(m1: torch.Tensor, l1: torch.Tensor, acc1: torch.Tensor,
                    m2: torch.Tensor, l2: torch.Tensor, acc2: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Solution of 05.1: the online-softmax state (m, l, acc) of two tiles of keys from each tile's own."""
     m = torch.maximum(m1, m2)
-    a1, a2 = torch.exp(m1 - m), torch.exp(m2 - m)
+    shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # a row neither tile sees: m = -inf, sums stay 0
+    a1, a2 = torch.exp(m1 - shift), torch.exp(m2 - shift)
     return m, a1 * l1 + a2 * l2, a1[:, None] * acc1 + a2[:, None] * acc2
 
 
@@ -27,6 +28,8 @@ def _combine_inputs(case: Case, generator: torch.Generator) -> tuple[torch.Tenso
     scores = 3 * torch.randn(rows, t1 + t2, generator=generator, dtype=torch.float64)
     if case.params.get("masked"):  # a causal mask hides all of tile 2 from the first rows
         scores[: rows // 2, t1:] = -float("inf")
+    if case.params.get("both_masked"):  # the first rows see no key of either tile (padding, a split of the keys)
+        scores[: rows // 3] = -float("inf")
     values = torch.randn(t1 + t2, d, generator=generator, dtype=torch.float64)
     states = _state(scores[:, :t1], values[:t1]) + _state(scores[:, t1:], values[t1:])
     return tuple(on_device(s.to(case.dtype)) for s in states)
@@ -36,24 +39,33 @@ def _combine_reference(m1, l1, acc1, m2, l2, acc2) -> tuple[torch.Tensor, ...]:
     """The merged state in float64, rescaling each tile's sums to the common maximum."""
     m1, l1, acc1, m2, l2, acc2 = (t.detach().cpu().double() for t in (m1, l1, acc1, m2, l2, acc2))
     m = torch.maximum(m1, m2)
-    return m, l1 * torch.exp(m1 - m) + l2 * torch.exp(m2 - m), \
-        acc1 * torch.exp(m1 - m)[:, None] + acc2 * torch.exp(m2 - m)[:, None]
+    seen = ~torch.isinf(m)  # a row that no key of either tile reaches keeps l = 0 and acc = 0
+    a1 = torch.where(seen, torch.exp(m1 - m), torch.zeros_like(m))
+    a2 = torch.where(seen, torch.exp(m2 - m), torch.zeros_like(m))
+    return m, l1 * a1 + l2 * a2, acc1 * a1[:, None] + acc2 * a2[:, None]
 
+
+_MASKS = {"": "", "masked": ", tile 2 masked for half the rows",
+          "both_masked": ", both tiles masked for a third of the rows"}
 
 COMBINE = CodeCheck(
     "05.1", "combine_states(m1, l1, acc1, m2, l2, acc2) -> (m, l, acc): the online-softmax update of two tiles",
     solution=combine_states, make_inputs=_combine_inputs, reference=_combine_reference,
-    cases=[Case(f"{r} rows, tiles {t1}+{t2}, d={d}" + (", tile 2 masked for half the rows" if masked else ""),
-                torch.float32, {"shape": (r, t1, t2, d), "masked": masked})
-           for (r, t1, t2, d), masked in device.pick(
-               full=[((64, 64, 64, 128), False), ((37, 16, 53, 64), False), ((64, 64, 64, 128), True)],
-               smoke=[((5, 4, 6, 16), False), ((7, 8, 3, 33), False), ((6, 4, 4, 16), True)])],
+    cases=[Case(f"{r} rows, tiles {t1}+{t2}, d={d}" + _MASKS[mask], torch.float32,
+                {"shape": (r, t1, t2, d), mask: True} if mask else {"shape": (r, t1, t2, d)})
+           for (r, t1, t2, d), mask in device.pick(
+               full=[((64, 64, 64, 128), ""), ((37, 16, 53, 64), ""), ((64, 64, 64, 128), "masked"),
+                     ((48, 32, 32, 64), "both_masked")],
+               smoke=[((5, 4, 6, 16), ""), ((7, 8, 3, 33), ""), ((6, 4, 4, 16), "masked"),
+                      ((9, 4, 5, 16), "both_masked")])],
     out_dtypes=lambda case: (case.dtype,) * 3,
-    hints={"value": "Wrong (m, l, acc). Both tiles' sums must be rescaled to the common maximum m = max(m1, m2): "
-                    "l = exp(m1 - m) * l1 + exp(m2 - m) * l2, and acc the same way (one factor a row, so "
-                    "broadcast it over acc's columns with [:, None]).",
-           "unwritten": "NaN in the result: with a fully masked tile, m2 = -inf and l2 = 0; exp(m2 - m) is then "
-                        "exp(-inf) = 0, fine, but exp(m - m2) or m2 - m2 is NaN. Rescale by exp(m_i - m) only."})
+    hints={"value": "Wrong (m, l, acc). Tile i's l and acc are sums of exp(score - m_i), each against its own "
+                    "maximum; before adding the two, put both against the same maximum. By what factor does a sum "
+                    "of exp(s - m_i) change when m_i is replaced by a larger m? (One factor a row: broadcast it "
+                    "over acc's columns.)",
+           "unwritten": "NaN in the result. A tile whose keys a row cannot see has m_i = -inf and l_i = 0, acc_i = "
+                        "0; where both tiles are hidden from a row, the common maximum is -inf too, and -inf - "
+                        "(-inf) is NaN. Such a row must come out as m = -inf, l = 0, acc = 0."})
 
 
 def causal_tile_plan(seq_len: int, block_m: int, block_n: int) -> tuple[torch.Tensor, torch.Tensor]:
