@@ -3,6 +3,9 @@ a notebook is saved without widget state, the kernel's Python version or progres
 (``helpers.notebook_files``)."""
 from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
 
+import helpers.device  # noqa: F401  without a GPU it sets TRITON_INTERPRET=1 here, and the kernels this server
+# starts inherit it: an exercise cell that imports triton before helpers, after a kernel restart, still gets
+# the interpreter's triton.language
 from helpers.notebook_files import clean
 
 

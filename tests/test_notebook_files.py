@@ -1,6 +1,7 @@
 """Notebook metadata: the committed notebooks clean, and every save (JupyterLab's, the executor's) cleans."""
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -113,3 +114,16 @@ def test_appendix_notebooks_are_collected_after_the_numbered_ones():
     appendix = sorted(p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "notebooks").glob("appendix/*.ipynb"))
     assert appendix and files[-len(appendix):] == appendix, out.stdout[-2000:] + out.stderr[-2000:]
     assert all(not f.startswith("notebooks/appendix/") for f in files[:-len(appendix)])
+
+
+def test_jupyterlab_started_without_a_gpu_gives_its_kernels_the_triton_interpreter():
+    """The kernels inherit the server's environment; TRITON_INTERPRET must be set before a cell imports triton."""
+    code = ("import os, runpy, torch; ns = runpy.run_path('jupyter_server_config.py', "
+            "init_globals={'get_config': lambda: type('C', (), {'ServerApp': type('S', (), {})})}); "
+            "print(torch.cuda.is_available(), os.environ.get('TRITON_INTERPRET'))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    has_gpu, interpret = out.stdout.split()
+    assert interpret == ("None" if has_gpu == "True" else "1")
