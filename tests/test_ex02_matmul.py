@@ -1,0 +1,80 @@
+"""Exercise 02.4, the tiled matmul: its cases reach every edge the kernel must mask, the notebook's cells run
+alone after a restart, and the skeleton filled in as the task asks passes the check."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import helpers  # noqa: F401  (before triton: switches it to the interpreter without a GPU)
+import torch
+import triton
+from helpers.exercises import CHECKS, ex02
+from helpers.results import REPO_ROOT
+
+NOTEBOOK = REPO_ROOT / "notebooks" / "02_arithmetic_intensity_and_roofline.ipynb"
+CHECK = CHECKS["02.4"]
+
+
+def test_cases_need_several_programs_in_both_dimensions_and_a_ragged_k():
+    blocks = ex02.MATMUL_BLOCKS
+    shapes = [case.params["shape"] for case in CHECK.cases]
+    for m, n, k in shapes:
+        assert triton.cdiv(m, blocks["BLOCK_M"]) >= 2 and triton.cdiv(n, blocks["BLOCK_N"]) >= 2, (m, n)
+        assert k % blocks["BLOCK_K"], f"K={k} ends in a full tile: a loop that drops the tail would pass"
+    assert any(k < blocks["BLOCK_K"] for _, _, k in shapes), "no case whose K is one partial tile"
+    assert {case.dtype for case in CHECK.cases} == {torch.float32, torch.float16}
+
+
+def test_check_is_quick_on_this_machine(capsys):
+    start = time.perf_counter()
+    assert CHECK.check(CHECK.solution).passed
+    assert time.perf_counter() - start < 30, capsys.readouterr().out
+
+
+def exercise_cells() -> tuple[str, str]:
+    """The skeleton cell and the check cell of 02.4."""
+    cells = ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
+    check = next(i for i, s in enumerate(cells) if 'CHECKS["02.4"].check' in s)
+    return cells[check - 1], cells[check]
+
+
+def run_alone(source: str) -> str:
+    """``source`` run in a fresh Python, as the cells are after a kernel restart (no TRITON_INTERPRET set)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    done = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=REPO_ROOT / "notebooks")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_skeleton_run_alone_is_not_attempted():
+    skeleton, check = exercise_cells()
+    assert skeleton.index("from helpers") < skeleton.index("import triton")
+    assert "02.4: not attempted yet" in run_alone(skeleton + "\n" + check)
+
+
+FILLED = {  # what a learner writes for each TODO of the skeleton, as the task and the comments ask
+    "a = ...": "a = tl.load(a_ptr + rows[:, None] * K + ks[None, :], mask=(rows[:, None] < M) & (ks[None, :] < K), "
+               "other=0.0)",
+    "b = ...": "b = tl.load(b_ptr + ks[:, None] * N + cols[None, :], mask=(ks[:, None] < K) & (cols[None, :] < N), "
+               "other=0.0)",
+    "acc = ...": "acc += tl.dot(a, b)",
+    "# TODO: store": "tl.store(c_ptr + rows[:, None] * N + cols[None, :], acc.to(c_ptr.dtype.element_ty), "
+                     "mask=(rows[:, None] < M) & (cols[None, :] < N))",
+    "# TODO: launch": "matmul_kernel[(triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))](a, b, c, M, N, K, "
+                      "BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)",
+    "raise NotImplementedError": "",
+}
+
+
+def test_skeleton_filled_in_passes():
+    skeleton, check = exercise_cells()
+    lines = []
+    for line in skeleton.splitlines():
+        todo = next((t for t in FILLED if line.strip().startswith(t)), None)
+        indent = line[:len(line) - len(line.lstrip())]
+        lines.append(line if todo is None else indent + FILLED[todo] if FILLED[todo] else "")
+    assert sum(line not in skeleton for line in lines if line) == len(FILLED) - 1, "a TODO of the skeleton moved"
+    assert "02.4: correct on all" in run_alone("\n".join(lines) + "\n" + check)
