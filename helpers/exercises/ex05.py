@@ -1,8 +1,10 @@
 """Exercises of notebook 05 (FlashAttention): merging two online-softmax states, the tiles a causal kernel
-visits, and the memory of standard attention."""
+visits, the memory of standard attention, and a FlashAttention forward in Triton."""
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from .. import device, results
 from .checks import Case, CodeCheck, NumberCheck, on_device
@@ -119,4 +121,99 @@ def _naive_memory() -> tuple[float, str]:
 NAIVE_MEMORY = NumberCheck("05.3", "GB the standard attention's forward held at its peak, B=16, H=32, S=1024, "
                            "D=64, bf16, on the H200", _naive_memory, tolerance=0.15, relative=True, unit="GB")
 
-CHECKS = (COMBINE, CAUSAL_TILES, NAIVE_MEMORY)
+@triton.jit
+def _flash_forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, S_q, S_k, scale, CAUSAL: tl.constexpr, D: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    bh = tl.program_id(1)  # which (batch, head) pair
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # the query positions of this program
+    cols = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, D)
+    q_rows = bh * S_q * D + rows[:, None] * D + dims[None, :]
+    q = tl.load(q_ptr + q_rows, mask=rows[:, None] < S_q, other=0.0)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # the running maximum of each row's scores
+    l = tl.zeros([BLOCK_M], tl.float32)  # the running sum of exp(score - m)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)  # the running sum of exp(score - m) * v
+    for start in range(0, S_k, BLOCK_N):
+        keys = start + cols
+        kv_rows = bh * S_k * D + keys[:, None] * D + dims[None, :]
+        k = tl.load(k_ptr + kv_rows, mask=keys[:, None] < S_k, other=0.0)
+        v = tl.load(v_ptr + kv_rows, mask=keys[:, None] < S_k, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale
+        visible = keys[None, :] < S_k
+        if CAUSAL:  # aligned to the bottom-right corner: query i sees key j <= i + S_k - S_q
+            visible = visible & (keys[None, :] <= rows[:, None] + S_k - S_q)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: no NaN
+        p = tl.exp(s - shift[:, None])
+        alpha = tl.exp(m - shift)  # rescales the sums kept against the old maximum
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    out = acc / tl.where(l == 0.0, 1.0, l)[:, None]  # a row that sees no key at all comes out 0
+    tl.store(o_ptr + q_rows, out.to(o_ptr.dtype.element_ty), mask=rows[:, None] < S_q)
+
+
+def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                  block_m: int = 16, block_n: int = 16) -> torch.Tensor:
+    """Solution of 05.4: ``softmax(q k^T / sqrt(D) [+ causal mask]) v`` for contiguous q (B, H, S_q, D) and
+    k, v (B, H, S_k, D), D a power of two >= 16; one program a tile of ``block_m`` queries of one (batch, head),
+    streaming ``block_n`` keys at a time. Causal: query i sees key j <= i + S_k - S_q; a query that sees no key
+    (S_q > S_k) gets 0."""
+    B, H, S_q, D = q.shape
+    o = torch.empty_like(q)
+    grid = (triton.cdiv(S_q, block_m), B * H)
+    _flash_forward_kernel[grid](q, k, v, o, S_q, k.shape[2], D ** -0.5, CAUSAL=bool(causal), D=D,
+                                BLOCK_M=block_m, BLOCK_N=block_n)
+    return o
+
+
+def _attention_inputs(case: Case, generator: torch.Generator) -> tuple:
+    B, H, S_q, S_k, D = case.params["shape"]
+    q, k, v = (2 * torch.randn(B, H, s, D, generator=generator) for s in (S_q, S_k, S_k))  # scores of a few units
+    return (*(on_device(t.to(case.dtype)) for t in (q, k, v)), case.params["causal"])
+
+
+def _attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Standard attention in float64, the same conventions: a bottom-right causal mask, 0 for a row with no key."""
+    q, k, v = (t.detach().cpu().double() for t in (q, k, v))
+    S_q, S_k = q.shape[2], k.shape[2]
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if causal:
+        hidden = torch.arange(S_k)[None, :] > torch.arange(S_q)[:, None] + S_k - S_q
+        s = s.masked_fill(hidden, -float("inf"))
+    return torch.softmax(s, dim=-1).nan_to_num(0.0) @ v  # a row of -inf only: softmax gives NaN, the kernel 0
+
+
+def _attention_label(B: int, H: int, S_q: int, S_k: int, D: int, causal: bool) -> str:
+    empty = f", first {S_q - S_k} rows see no key" if causal and S_q > S_k else ""
+    return f"B={B} H={H} S_q={S_q} S_k={S_k} D={D}{' causal' if causal else ''}{empty}"
+
+
+FLASH_FORWARD = CodeCheck(
+    "05.4", "flash_forward(q, k, v, causal) -> o: a FlashAttention forward in Triton, one program a query tile",
+    solution=flash_forward, make_inputs=_attention_inputs, reference=_attention_reference,
+    cases=[Case(_attention_label(*shape, causal), dtype, {"shape": shape, "causal": causal})
+           for shape, causal, dtype in device.pick(
+               full=[((2, 3, 200, 200, 64), False, torch.float16), ((2, 3, 200, 200, 64), True, torch.bfloat16),
+                     ((1, 4, 77, 300, 128), True, torch.float16), ((3, 2, 150, 61, 64), True, torch.bfloat16),
+                     ((3, 2, 150, 61, 64), False, torch.float16)],
+               smoke=[((1, 2, 37, 37, 16), False, torch.float32), ((2, 1, 37, 37, 16), True, torch.float16),
+                      ((1, 2, 20, 45, 16), True, torch.float32), ((2, 1, 40, 19, 16), True, torch.float32),
+                      ((1, 2, 40, 19, 16), False, torch.float16)])],  # no bfloat16: the interpreter's tl.dot
+    out_dtypes=lambda case: (case.dtype,),
+    hints={"value": "Wrong values. Scores are q k^T / sqrt(D). Keys at or past S_k must weigh nothing: -inf "
+                    "before the maximum, not 0. Causal: which keys may query i see when S_k != S_q? Each tile, "
+                    "l and acc were summed against the old maximum: by what factor do they change when it grows "
+                    "(05.1)? And divide acc by l once, after the loop.",
+           "unwritten": "NaN in the result. Either some outputs were never written (the grid must be "
+                        "(cdiv(S_q, BLOCK_M), B * H), each program storing its rows below S_q), or a row that has "
+                        "seen no key yet: its maximum is -inf, and exp(-inf - (-inf)) is NaN (05.1's case); a row "
+                        "that sees no key at all must come out 0, not 0 / 0.",
+           "raised": "Your function raised: read the message. tl.dot needs tiles whose sides are all at least 16 "
+                     "(BLOCK_M, BLOCK_N and D), and two operands of one dtype: the probabilities are float32, V "
+                     "may be float16 (`p.to(v.dtype)`). tl.trans(k) turns a (BLOCK_N, D) tile into (D, BLOCK_N). "
+                     "On the CPU the interpreter runs tl.dot on float32 and float16 only (not bfloat16).",
+           "dtype": "Return q's dtype: accumulate in float32, then `.to(o_ptr.dtype.element_ty)` in the store."})
+
+CHECKS = (COMBINE, CAUSAL_TILES, NAIVE_MEMORY, FLASH_FORWARD)
