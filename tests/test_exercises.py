@@ -157,9 +157,38 @@ def gather_every_table_entry(pages, table_row, length):
     return every.reshape(pages.shape[1], -1, pages.shape[3])[:, :length]
 
 
+def _matmul_launch(a, b, grid, k):
+    """The solution's kernel (32 x 32 x 16 tiles) launched on ``grid``, multiplying only the first ``k`` of K."""
+    c = torch.empty((a.shape[0], b.shape[1]), device=a.device, dtype=a.dtype)
+    ex02._matmul_kernel[grid](a[:, :k].contiguous(), b[:k].contiguous(), c, a.shape[0], b.shape[1], k,
+                              **ex02.MATMUL_BLOCKS)
+    return c
+
+
+def matmul_one_program(a, b):
+    return _matmul_launch(a, b, (1, 1), a.shape[1])
+
+
+def matmul_grid_axes_swapped(a, b):
+    """The tiles of N counted on axis 0, which the kernel reads as C's rows."""
+    return _matmul_launch(a, b, (triton.cdiv(b.shape[1], 32), triton.cdiv(a.shape[0], 32)), a.shape[1])
+
+
+def matmul_k_tail_dropped(a, b):
+    """A loop over K // BLOCK_K full tiles, with no K mask: the partial last tile never counts."""
+    return _matmul_launch(a, b, (triton.cdiv(a.shape[0], 32), triton.cdiv(b.shape[1], 32)), a.shape[1] // 16 * 16)
+
+
+def matmul_accumulator_overwritten(a, b):
+    """`acc = tl.dot(a, b)` in the loop: only the last K tile is left (the torch equivalent)."""
+    last = (a.shape[1] - 1) // 16 * 16
+    return (a[:, last:].float() @ b[last:].float()).to(a.dtype)
+
+
 PLANTED = {
     "01.1": [row_sum_off_by_one, lambda x: x.float()[:, :-1].sum(dim=1), lambda x: x.float().sum(dim=1) / x.shape[1]],
     "02.1": [softmax_store_off_by_one, softmax_pads_with_zero, softmax_without_max],
+    "02.4": [matmul_one_program, matmul_grid_axes_swapped, matmul_k_tail_dropped, matmul_accumulator_overwritten],
     "04.1": [bias_gelu_bias_by_row, bias_gelu_missing_bias,
              lambda x, b: torch.nn.functional.gelu(x.float() + b.float(), approximate="tanh").to(x.dtype),
              bias_gelu_one_program],
