@@ -185,6 +185,25 @@ def matmul_accumulator_overwritten(a, b):
     return (a[:, last:].float() @ b[last:].float()).to(a.dtype)
 
 
+def flash_unguarded_exp(q, k, v, causal):
+    """The textbook exp(s - m) against each row's maximum: NaN in a row that sees no key, where m = -inf."""
+    S_q, S_k = q.shape[2], k.shape[2]
+    s = q.double() @ k.double().transpose(-1, -2) * q.shape[-1] ** -0.5
+    if causal:
+        hidden = torch.arange(S_k, device=q.device) > torch.arange(S_q, device=q.device)[:, None] + S_k - S_q
+        s = s.masked_fill(hidden, -float("inf"))
+    p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+    return (p @ v.double() / p.sum(dim=-1, keepdim=True)).to(q.dtype)
+
+
+def flash_one_program(q, k, v, causal):
+    """The solution's kernel launched as a grid of one program: the first tile of queries of the first head."""
+    o = torch.empty_like(q)
+    ex05._flash_forward_kernel[(1, 1)](q, k, v, o, q.shape[2], k.shape[2], q.shape[-1] ** -0.5, CAUSAL=bool(causal),
+                                       D=q.shape[-1], BLOCK_M=16, BLOCK_N=16)
+    return o
+
+
 PLANTED = {
     "01.1": [row_sum_off_by_one, lambda x: x.float()[:, :-1].sum(dim=1), lambda x: x.float().sum(dim=1) / x.shape[1]],
     "02.1": [softmax_store_off_by_one, softmax_pads_with_zero, softmax_without_max],
@@ -194,6 +213,8 @@ PLANTED = {
              bias_gelu_one_program],
     "05.1": [combine_without_rescaling_acc, combine_inverted_factor, combine_naive_shift],
     "05.2": [tiles_by_index, tiles_ignore_sequence_end],
+    "05.4": [flash_unguarded_exp, lambda q, k, v, causal: ex05.flash_forward(q, k, v, False),  # no causal mask
+             flash_one_program],
     "07.1": [nf4_low_nibble_first, nf4_block_of_byte],
     "07.2": [write_kv_next_position, write_kv_swapped, write_kv_new_tensors],
     "09.2": [gather_pages_in_pool_order, gather_heads_not_moved, gather_every_table_entry],
