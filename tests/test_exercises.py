@@ -204,6 +204,28 @@ def flash_one_program(q, k, v, causal):
     return o
 
 
+def layernorm_backward_one_program(x, w, mean, rstd, dy, rows_per_program):
+    """A grid of one program: its rows' dx and partial sums only, the other rows of dx never written."""
+    r = rows_per_program
+    dx, dw, db = ex04.layernorm_backward(x[:r], w, mean[:r], rstd[:r], dy[:r], r)
+    return torch.cat([dx, torch.full_like(x[r:], float("nan"))]), dw, db
+
+
+def layernorm_backward_means_over_block(x, w, mean, rstd, dy, rows_per_program):
+    """dx's two row means taken over the padded block of next_power_of_2(N) lanes, not the N columns."""
+    xhat = (x.float() - mean[:, None]) * rstd[:, None]
+    wdy, block = w.float() * dy.float(), triton.next_power_of_2(x.shape[1])
+    dx = rstd[:, None] * (wdy - wdy.sum(1, keepdim=True) / block - xhat * (wdy * xhat).sum(1, keepdim=True) / block)
+    return dx.to(x.dtype), (dy.float() * xhat).sum(0).to(w.dtype), dy.float().sum(0).to(w.dtype)
+
+
+def layernorm_backward_first_partial_only(x, w, mean, rstd, dy, rows_per_program):
+    """The host takes the first program's partial row as dw and db instead of adding all of them."""
+    r = rows_per_program
+    _, dw, db = ex04.layernorm_backward(x[:r], w, mean[:r], rstd[:r], dy[:r], r)
+    return ex04.layernorm_backward(x, w, mean, rstd, dy, r)[0], dw, db
+
+
 PLANTED = {
     "01.1": [row_sum_off_by_one, lambda x: x.float()[:, :-1].sum(dim=1), lambda x: x.float().sum(dim=1) / x.shape[1]],
     "02.1": [softmax_store_off_by_one, softmax_pads_with_zero, softmax_without_max],
@@ -211,6 +233,8 @@ PLANTED = {
     "04.1": [bias_gelu_bias_by_row, bias_gelu_missing_bias,
              lambda x, b: torch.nn.functional.gelu(x.float() + b.float(), approximate="tanh").to(x.dtype),
              bias_gelu_one_program],
+    "04.3": [layernorm_backward_one_program, layernorm_backward_means_over_block,
+             layernorm_backward_first_partial_only],
     "05.1": [combine_without_rescaling_acc, combine_inverted_factor, combine_naive_shift],
     "05.2": [tiles_by_index, tiles_ignore_sequence_end],
     "05.4": [flash_unguarded_exp, lambda q, k, v, causal: ex05.flash_forward(q, k, v, False),  # no causal mask

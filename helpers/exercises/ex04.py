@@ -1,4 +1,5 @@
-"""Exercises of notebook 04 (the fused kernel): the vector add grown into bias + GELU, and the measured speedup."""
+"""Exercises of notebook 04 (the fused kernel): the vector add grown into bias + GELU, the measured speedup, and a
+LayerNorm backward whose weight and bias gradients are summed from partial rows, one per program."""
 from __future__ import annotations
 
 import torch
@@ -7,7 +8,7 @@ import triton
 import triton.language as tl
 
 from .. import device, results
-from .checks import Case, CodeCheck, NumberCheck, on_device
+from .checks import TOLERANCE, Case, CodeCheck, NumberCheck, on_device
 
 
 @triton.jit
@@ -64,4 +65,92 @@ def _speedup() -> tuple[float, str]:
 SPEEDUP = NumberCheck("04.2", "the measured forward speedup of the fused kernel over eager PyTorch on the "
                       "reference H100 (bf16, 16384 x 4096)", _speedup, tolerance=0.25, relative=True, unit="x")
 
-CHECKS = (BIAS_GELU, SPEEDUP)
+LN_EPS = 1e-5  # the forward's epsilon: the saved rstd is 1 / sqrt(var + LN_EPS)
+
+
+@triton.jit
+def _layernorm_backward_kernel(x_ptr, w_ptr, mean_ptr, rstd_ptr, dy_ptr, dx_ptr, dw_part_ptr, db_part_ptr,
+                               n_rows, n_cols, ROWS_PER_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    row_start = pid * ROWS_PER_PROGRAM
+    row_end = tl.minimum(row_start + ROWS_PER_PROGRAM, n_rows)
+    for row in range(row_start, row_end):
+        offs = row * n_cols + cols
+        x = tl.load(x_ptr + offs, mask=col_ok, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offs, mask=col_ok, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + row)
+        xhat = (x - tl.load(mean_ptr + row)) * rstd
+        wdy = w * dy  # 0 in the padding lanes (w and dy load 0 there), so they add nothing to the row sums
+        c1 = tl.sum(wdy * xhat, axis=0) / n_cols
+        c2 = tl.sum(wdy, axis=0) / n_cols
+        tl.store(dx_ptr + offs, (rstd * (wdy - c2 - xhat * c1)).to(dx_ptr.dtype.element_ty), mask=col_ok)
+        dw_acc += dy * xhat
+        db_acc += dy
+    tl.store(dw_part_ptr + pid * n_cols + cols, dw_acc, mask=col_ok)
+    tl.store(db_part_ptr + pid * n_cols + cols, db_acc, mask=col_ok)
+
+
+def layernorm_backward(x: torch.Tensor, w: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor,
+                       rows_per_program: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Solution of 04.3: ``(dx, dw, db)`` of ``y = (x - mean) * rstd * w + b`` over the rows of a contiguous (M, N)
+    ``x``, given the forward's fp32 row ``mean`` and ``rstd`` (M,) and ``dy``. Each program takes
+    ``rows_per_program`` consecutive rows, writes their ``dx`` and one row of fp32 partial sums of ``dw`` and of
+    ``db``; the partial rows are added afterwards."""
+    m, n = x.shape
+    programs = triton.cdiv(m, rows_per_program)
+    dx = torch.empty_like(x)
+    dw_part = torch.empty(programs, n, dtype=torch.float32, device=x.device)
+    db_part = torch.empty(programs, n, dtype=torch.float32, device=x.device)
+    _layernorm_backward_kernel[(programs,)](x, w, mean, rstd, dy, dx, dw_part, db_part, m, n,
+                                            ROWS_PER_PROGRAM=rows_per_program, BLOCK_N=triton.next_power_of_2(n))
+    return dx, dw_part.sum(dim=0).to(w.dtype), db_part.sum(dim=0).to(w.dtype)
+
+
+def _layernorm_backward_inputs(case: Case, generator: torch.Generator) -> tuple:
+    # rows with their own offset and spread (a kernel that skips the mean or rstd is off), a weight far from 1
+    m, n, rows_per_program = case.params["shape"]
+    x = (3 * torch.randn(m, n, generator=generator) + 4 * torch.randn(m, 1, generator=generator)).to(case.dtype)
+    x64 = x.double()
+    mean, var = x64.mean(dim=1), x64.var(dim=1, unbiased=False)
+    w = torch.randn(n, generator=generator).to(case.dtype)
+    dy = torch.randn(m, n, generator=generator).to(case.dtype)
+    return (*(on_device(t) for t in (x, w, mean.float(), torch.rsqrt(var + LN_EPS).float(), dy)), rows_per_program)
+
+
+def _layernorm_backward_reference(x, w, mean, rstd, dy, rows_per_program) -> tuple[torch.Tensor, ...]:
+    """dx, dw, db from float64 autograd through ``F.layer_norm`` (its own statistics, from ``x``)."""
+    x64, w64 = (t.detach().cpu().double().requires_grad_() for t in (x, w))
+    b64 = torch.zeros_like(w64, requires_grad=True)
+    F.layer_norm(x64, (x.shape[1],), w64, b64, LN_EPS).backward(dy.detach().cpu().double())
+    return x64.grad, w64.grad, b64.grad
+
+
+LAYERNORM_BACKWARD = CodeCheck(
+    "04.3", "layernorm_backward(x, w, mean, rstd, dy, rows_per_program) -> (dx, dw, db): one program per "
+            "rows_per_program rows, dw and db summed from one partial row per program",
+    solution=layernorm_backward, make_inputs=_layernorm_backward_inputs, reference=_layernorm_backward_reference,
+    cases=[Case(f"{m} x {n}, {r} rows a program", dtype, {"shape": (m, n, r)})
+           for (m, n, r) in device.pick(full=[(3, 37, 2), (1000, 1000, 8), (4099, 768, 16)],
+                                        smoke=[(3, 37, 2), (10, 100, 4), (13, 257, 3)])  # the last program: fewer
+           for dtype in (torch.float32, torch.bfloat16)],
+    out_dtypes=lambda case: (case.dtype,) * 3,
+    # bf16: the interpreter's fp32 -> bf16 conversion truncates (the GPU rounds to nearest), doubling dx's error
+    tolerance=lambda case: 8e-3 if case.dtype == torch.bfloat16 else TOLERANCE[case.dtype],
+    hints={"value": "Wrong values (the error is the worst of dx, dw, db). The two row sums of dx are means over "
+                    "the n_cols real columns, not BLOCK_N: what must a padding lane add to them? dw and db need "
+                    "every row of every program: does each row add into the accumulators (+=), does each program "
+                    "store its own partial row (index pid), and does the host add all the partial rows? On the "
+                    "CPU, Triton's interpreter computes wrong values in bfloat16 arithmetic: convert each load to "
+                    "float32 first.",
+           "unwritten": "NaN in the result: rows of dx or partial rows never written (they start as NaN). The "
+                        "grid needs enough programs of rows_per_program rows to cover all M rows, the last "
+                        "program stops at row M, and every program stores its partial row at index pid.",
+           "dtype": "dx in x's dtype (`.to(dx_ptr.dtype.element_ty)` in the store); dw and db in w's dtype: "
+                    "sum the fp32 partial rows, then convert."})
+
+CHECKS = (BIAS_GELU, SPEEDUP, LAYERNORM_BACKWARD)
