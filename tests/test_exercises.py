@@ -226,6 +226,28 @@ def layernorm_backward_first_partial_only(x, w, mean, rstd, dy, rows_per_program
     return ex04.layernorm_backward(x, w, mean, rstd, dy, r)[0], dw, db
 
 
+def paged_pages_in_pool_order(q, k_pages, v_pages, block_table, lengths):
+    """Page p of request b read as pool page b * W + p, as if each request held adjacent pages: the table ignored."""
+    b, w = block_table.shape
+    in_order = torch.arange(b * w, dtype=block_table.dtype, device=block_table.device).view(b, w)
+    return ex09.paged_attention(q, k_pages, v_pages, in_order, lengths)
+
+
+def paged_no_length_mask(q, k_pages, v_pages, block_table, lengths):
+    """Every row of the last page read and scored, as if each length were a whole number of pages."""
+    page = k_pages.shape[2]
+    return ex09.paged_attention(q, k_pages, v_pages, block_table, (lengths + page - 1) // page * page)
+
+
+def paged_one_program(q, k_pages, v_pages, block_table, lengths):
+    """The solution's kernel launched as a grid of one program: request 0's query head 0 only."""
+    out = torch.empty_like(q)
+    ex09._paged_attention_kernel[(1, 1)](q, k_pages, v_pages, block_table, lengths, out, q.shape[1], k_pages.shape[1],
+                                         block_table.shape[1], q.shape[3] ** -0.5, PAGE=k_pages.shape[2],
+                                         HEAD_DIM=q.shape[3])
+    return out
+
+
 PLANTED = {
     "01.1": [row_sum_off_by_one, lambda x: x.float()[:, :-1].sum(dim=1), lambda x: x.float().sum(dim=1) / x.shape[1]],
     "02.1": [softmax_store_off_by_one, softmax_pads_with_zero, softmax_without_max],
@@ -242,6 +264,7 @@ PLANTED = {
     "07.1": [nf4_low_nibble_first, nf4_block_of_byte],
     "07.2": [write_kv_next_position, write_kv_swapped, write_kv_new_tensors],
     "09.2": [gather_pages_in_pool_order, gather_heads_not_moved, gather_every_table_entry],
+    "09.3": [paged_pages_in_pool_order, paged_no_length_mask, paged_one_program],
 }
 
 

@@ -150,8 +150,9 @@ PAGED_ATTENTION = CodeCheck(
            for dtype in device.pick(full=(torch.float32, torch.float16, torch.bfloat16),
                                     smoke=(torch.float32, torch.float16))],
     out_dtypes=lambda case: (case.dtype,),
-    # scores near -110 carry fp32's rounding of 110 (about 1e-5), so fp32 results are looser than TOLERANCE's
-    tolerance=lambda case: 4e-5 if case.dtype == torch.float32 else TOLERANCE[case.dtype],
+    # fp32 scores near -110 carry its rounding of the products (errors up to about 1.5e-5 at D = 128): looser
+    # than TOLERANCE's fp32, tighter than fp16's
+    tolerance=lambda case: 1e-4 if case.dtype == torch.float32 else TOLERANCE[case.dtype],
     hints={"value": "Wrong values. Is page p of request b the pool's page block_table[b, p] (the table, not p "
                     "itself: pages are handed out in any order), and are its rows 0 ... PAGE - 1 those of head g? "
                     "Do positions at or past lengths[b] score -inf (a partly filled last page holds another "
