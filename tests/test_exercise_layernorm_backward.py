@@ -136,6 +136,19 @@ def test_solution_is_the_modules_function():
     assert CHECK.solution is ex04.layernorm_backward
 
 
+def test_solution_compiles_for_the_gpu():
+    """The readable kernel (a row loop with a run-time end) through Triton's compiler for sm_90, on this CPU."""
+    code = ("import torch\nfrom helpers.exercises import ex04\nfrom helpers.kernels.fit import shared_bytes\n"
+            "b, f = (torch.empty(1, device='meta', dtype=d) for d in (torch.bfloat16, torch.float32))\n"
+            "print(shared_bytes(ex04._layernorm_backward_kernel, dict(x_ptr=b, w_ptr=b, mean_ptr=f, rstd_ptr=f, "
+            "dy_ptr=b, dx_ptr=b, dw_part_ptr=f, db_part_ptr=f, n_rows=4099, n_cols=768, ROWS_PER_PROGRAM=16, "
+            "BLOCK_N=1024), arch='sm_90'))")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) >= 0
+
+
 def code_cells() -> list[str]:
     return ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
 
