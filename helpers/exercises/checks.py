@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import secrets
+import textwrap
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -71,8 +72,8 @@ def _say_not_attempted(check_id: str, code: bool) -> Verdict:
     handle = f"CHECKS[{check_id!r}]"
     where = (f"The solution is `{handle}.solution` (its source: `inspect.getsource({handle}.solution)`)" if code else
              f"The reference is `{handle}.solution`, and `{handle}.explanation` says how it is obtained")
-    print(f"{check_id}: not attempted yet. Write your answer in the cell above, run it, then run this cell again. "
-          f"Stuck? {where}, in helpers/exercises/ex{check_id.split('.')[0]}.py.")
+    print(textwrap.fill(f"{check_id}: not attempted yet. Write your answer in the cell above, run it, then run this "
+                        f"cell again. Stuck? {where}, in helpers/exercises/ex{check_id.split('.')[0]}.py.", 116))
     return Verdict(False)
 
 
