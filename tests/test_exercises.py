@@ -248,6 +248,34 @@ def paged_one_program(q, k_pages, v_pages, block_table, lengths):
     return out
 
 
+def rms_norm_one_program(x, w, eps, rows_per_program):
+    """The solution's kernel launched as a grid of one program: the first rows_per_program rows only."""
+    y = torch.empty_like(x)
+    ex07._rms_norm_kernel[(1,)](x, w, y, x.shape[0], x.shape[1], eps, ROWS=rows_per_program,
+                                BLOCK_N=triton.next_power_of_2(x.shape[1]))
+    return y
+
+
+def rms_norm_mean_over_block(x, w, eps, rows_per_program):
+    """The sum of squares divided by the padded block's next_power_of_2(N) lanes, not by N."""
+    mean = x.float().pow(2).sum(dim=1, keepdim=True) / triton.next_power_of_2(x.shape[1])
+    return (x.float() * torch.rsqrt(mean + eps) * w.float()).to(x.dtype)
+
+
+def rms_norm_padding_unmasked(x, w, eps, rows_per_program):
+    """Padding lanes not masked: a row's lanes past N load the next row's first elements (0 past the end of x)."""
+    m, n = x.shape
+    block = triton.next_power_of_2(n)
+    flat = torch.cat([x.float().flatten(), torch.zeros(block, device=x.device)])
+    lanes = flat[torch.arange(m, device=x.device)[:, None] * n + torch.arange(block, device=x.device)[None, :]]
+    return (x.float() * torch.rsqrt(lanes.pow(2).sum(dim=1, keepdim=True) / n + eps) * w.float()).to(x.dtype)
+
+
+def rms_norm_eps_outside_sqrt(x, w, eps, rows_per_program):
+    rms = x.float().pow(2).mean(dim=1, keepdim=True).sqrt()
+    return (x.float() / (rms + eps) * w.float()).to(x.dtype)
+
+
 PLANTED = {
     "01.1": [row_sum_off_by_one, lambda x: x.float()[:, :-1].sum(dim=1), lambda x: x.float().sum(dim=1) / x.shape[1]],
     "02.1": [softmax_store_off_by_one, softmax_pads_with_zero, softmax_without_max],
@@ -263,6 +291,7 @@ PLANTED = {
              flash_one_program],
     "07.1": [nf4_low_nibble_first, nf4_block_of_byte],
     "07.2": [write_kv_next_position, write_kv_swapped, write_kv_new_tensors],
+    "07.4": [rms_norm_one_program, rms_norm_mean_over_block, rms_norm_padding_unmasked, rms_norm_eps_outside_sqrt],
     "09.2": [gather_pages_in_pool_order, gather_heads_not_moved, gather_every_table_entry],
     "09.3": [paged_pages_in_pool_order, paged_no_length_mask, paged_one_program],
 }

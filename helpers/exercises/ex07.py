@@ -1,12 +1,15 @@
-"""Exercises of notebook 07 (decoding): unpacking nf4, one step into a static KV cache, the roofline's tokens/s."""
+"""Exercises of notebook 07 (decoding): unpacking nf4, one step into a static KV cache, the roofline's tokens/s,
+and two of the fused kernels in Triton: RMSNorm's forward and the rotary embedding of q and k."""
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
-from .. import datasheets
+from .. import datasheets, device
 from ..finetune import generate
 from ..llama import models
-from .checks import Case, CodeCheck, NumberCheck, on_device
+from .checks import TOLERANCE, Case, CodeCheck, NumberCheck, on_device
 
 
 def nf4_unpack(packed: torch.Tensor, code: torch.Tensor, absmax: torch.Tensor, blocksize: int) -> torch.Tensor:
@@ -104,4 +107,67 @@ ROOFLINE_TOKENS = NumberCheck("07.3", "tokens/s the H200's bandwidth allows Llam
                               "(128 tokens in the cache)", _roofline_tokens, tolerance=0.1, relative=True,
                               unit="tokens/s")
 
-CHECKS = (NF4_UNPACK, WRITE_KV, ROOFLINE_TOKENS)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, n_rows, n_cols, eps, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offs = rows[:, None] * n_cols + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # padding lanes add 0 to the sum of squares
+    w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)  # one per row: the mean over the n_cols real columns
+    tl.store(y_ptr + offs, (x * rstd[:, None] * w[None, :]).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, rows_per_program: int) -> torch.Tensor:
+    """Solution of 07.4: ``y = x / sqrt(mean(x**2) + eps) * w`` over each row of a contiguous (M, N) ``x``, one
+    program per ``rows_per_program`` rows (a power of two), statistics in fp32, ``y`` in ``x``'s dtype."""
+    m, n = x.shape
+    y = torch.empty_like(x)
+    _rms_norm_kernel[(triton.cdiv(m, rows_per_program),)](x, w, y, m, n, eps, ROWS=rows_per_program,
+                                                          BLOCK_N=triton.next_power_of_2(n))
+    return y
+
+
+def _rms_norm_inputs(case: Case, generator: torch.Generator) -> tuple:
+    # rows whose root mean square spans 3e-4 to 10: at the small end eps weighs as much as mean(x**2), so an
+    # eps outside the square root is visible; a weight far from 1, so a missing weight is too
+    m, n, rows_per_program = case.params["shape"]
+    scale = 10 ** (torch.rand(m, 1, generator=generator) * 4.5 - 3.5)
+    x = (scale * torch.randn(m, n, generator=generator)).to(case.dtype)
+    w = (1 + torch.randn(n, generator=generator)).to(case.dtype)
+    return on_device(x), on_device(w), case.params["eps"], rows_per_program
+
+
+def _rms_norm_reference(x, w, eps, rows_per_program) -> torch.Tensor:
+    x64, w64 = x.detach().cpu().double(), w.detach().cpu().double()
+    return x64 / torch.sqrt(x64.pow(2).mean(dim=1, keepdim=True) + eps) * w64
+
+
+RMS_NORM = CodeCheck(
+    "07.4", "rms_norm(x, w, eps, rows_per_program): Llama's RMSNorm forward in Triton, rows_per_program rows a "
+            "program, fp32 statistics, y in x's dtype",
+    solution=rms_norm, make_inputs=_rms_norm_inputs, reference=_rms_norm_reference,
+    cases=[Case(f"{m} x {n}, {r} rows a program", dtype, {"shape": (m, n, r), "eps": eps})
+           for (m, n, r), eps in device.pick(full=[((7, 37, 2), 1e-6), ((1000, 1000, 4), 1e-5),
+                                                   ((4099, 4000, 2), 1e-6)],
+                                             smoke=[((7, 37, 2), 1e-6), ((10, 100, 4), 1e-5), ((13, 300, 4), 1e-6)])
+           for dtype in (torch.float32, torch.bfloat16)],
+    out_dtypes=lambda case: (case.dtype,),
+    # bf16: the interpreter's fp32 -> bf16 conversion truncates (the GPU rounds to nearest), doubling the error
+    tolerance=lambda case: 8e-3 if case.dtype == torch.bfloat16 else TOLERANCE[case.dtype],
+    hints={"value": "Wrong values. The mean of x**2 is over a row's n_cols real columns: what do the padding lanes "
+                    "(cols >= n_cols) load, and what do you divide the sum by? eps is added to the mean before the "
+                    "square root, and each row has its own statistic. The check's rows include some whose mean "
+                    "square is as small as eps. On the CPU, Triton's interpreter computes wrong values in bfloat16 "
+                    "arithmetic: convert each load to float32 first.",
+           "unwritten": "NaN in the result: rows never written (they start as NaN). The grid needs enough programs "
+                        "of rows_per_program rows to cover all M rows, counting a partial last one, and the store's "
+                        "mask must let every row < M and column < N through.",
+           "raised": "Your function raised: read the message. tl.arange needs a power of two (BLOCK_N, ROWS); a 2-D "
+                     "tile of offsets comes from rows[:, None] * n_cols + cols[None, :].",
+           "dtype": "Return x's dtype: compute in fp32, then `.to(y_ptr.dtype.element_ty)` in the store."})
+
+CHECKS = (NF4_UNPACK, WRITE_KV, ROOFLINE_TOKENS, RMS_NORM)
