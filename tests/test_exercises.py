@@ -276,6 +276,28 @@ def rms_norm_eps_outside_sqrt(x, w, eps, rows_per_program):
     return (x.float() / (rms + eps) * w.float()).to(x.dtype)
 
 
+def rope_adjacent_pairs(q, k, cos, sin, start):
+    """Meta's original convention: element 2i turned with 2i + 1 (by angle i), not with i + D/2."""
+    positions = start + torch.arange(q.shape[2], device=q.device)
+    c, s = (t[positions, :q.shape[-1] // 2] for t in (cos, sin))
+    out = []
+    for x in (q, k):
+        even, odd = x.float()[..., 0::2], x.float()[..., 1::2]
+        out.append(torch.stack((even * c - odd * s, odd * c + even * s), dim=-1).flatten(-2).to(x.dtype))
+    return tuple(out)
+
+
+def rope_one_program(q, k, cos, sin, start):
+    """The solution's kernel launched as a grid of one program: the first BLOCK_S tokens of the first head."""
+    out = []
+    for x in (q, k):
+        y = torch.empty_like(x)
+        ex07._rope_kernel[(1, 1)](x, cos, sin, y, x.shape[2], start, HALF=x.shape[3] // 2,
+                                  BLOCK_S=ex07.ROPE_BLOCK_S)
+        out.append(y)
+    return tuple(out)
+
+
 PLANTED = {
     "01.1": [row_sum_off_by_one, lambda x: x.float()[:, :-1].sum(dim=1), lambda x: x.float().sum(dim=1) / x.shape[1]],
     "02.1": [softmax_store_off_by_one, softmax_pads_with_zero, softmax_without_max],
@@ -292,6 +314,8 @@ PLANTED = {
     "07.1": [nf4_low_nibble_first, nf4_block_of_byte],
     "07.2": [write_kv_next_position, write_kv_swapped, write_kv_new_tensors],
     "07.4": [rms_norm_one_program, rms_norm_mean_over_block, rms_norm_padding_unmasked, rms_norm_eps_outside_sqrt],
+    "07.5": [rope_adjacent_pairs, lambda q, k, cos, sin, start: ex07.rope(q, k, cos, -sin, start),  # sign error
+             lambda q, k, cos, sin, start: ex07.rope(q, k, cos, sin, 0), rope_one_program],  # positions from 0
     "09.2": [gather_pages_in_pool_order, gather_heads_not_moved, gather_every_table_entry],
     "09.3": [paged_pages_in_pool_order, paged_no_length_mask, paged_one_program],
 }

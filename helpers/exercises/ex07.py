@@ -151,7 +151,7 @@ RMS_NORM = CodeCheck(
             "program, fp32 statistics, y in x's dtype",
     solution=rms_norm, make_inputs=_rms_norm_inputs, reference=_rms_norm_reference,
     cases=[Case(f"{m} x {n}, {r} rows a program", dtype, {"shape": (m, n, r), "eps": eps})
-           for (m, n, r), eps in device.pick(full=[((7, 37, 2), 1e-6), ((1000, 1000, 4), 1e-5),
+           for (m, n, r), eps in device.pick(full=[((7, 37, 2), 1e-6), ((1001, 1000, 4), 1e-5),
                                                    ((4099, 4000, 2), 1e-6)],
                                              smoke=[((7, 37, 2), 1e-6), ((10, 100, 4), 1e-5), ((13, 300, 4), 1e-6)])
            for dtype in (torch.float32, torch.bfloat16)],
@@ -170,4 +170,101 @@ RMS_NORM = CodeCheck(
                      "tile of offsets comes from rows[:, None] * n_cols + cols[None, :].",
            "dtype": "Return x's dtype: compute in fp32, then `.to(y_ptr.dtype.element_ty)` in the store."})
 
-CHECKS = (NF4_UNPACK, WRITE_KV, ROOFLINE_TOKENS, RMS_NORM)
+
+
+@triton.jit
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, seq_len, start, HALF: tl.constexpr, BLOCK_S: tl.constexpr):
+    head = tl.program_id(0)  # one (batch, head) pair of x seen as (B * H, S, D)
+    s = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)  # this program's tokens
+    d = tl.arange(0, HALF)
+    ok = (s < seq_len)[:, None]
+    x_offs = (head * seq_len + s)[:, None] * (2 * HALF) + d[None, :]  # the first halves of the tokens' vectors
+    t_offs = (start + s)[:, None] * (2 * HALF) + d[None, :]  # the table rows of the tokens' positions
+    x1 = tl.load(x_ptr + x_offs, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + x_offs + HALF, mask=ok, other=0.0).to(tl.float32)  # element i + D/2: i's partner
+    cos1 = tl.load(cos_ptr + t_offs, mask=ok, other=0.0)
+    cos2 = tl.load(cos_ptr + t_offs + HALF, mask=ok, other=0.0)
+    sin1 = tl.load(sin_ptr + t_offs, mask=ok, other=0.0)
+    sin2 = tl.load(sin_ptr + t_offs + HALF, mask=ok, other=0.0)
+    # x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1)
+    tl.store(y_ptr + x_offs, (x1 * cos1 - x2 * sin1).to(y_ptr.dtype.element_ty), mask=ok)
+    tl.store(y_ptr + x_offs + HALF, (x2 * cos2 + x1 * sin2).to(y_ptr.dtype.element_ty), mask=ok)
+
+
+ROPE_BLOCK_S = 4  # tokens a program
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+         start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Solution of 07.5: Llama's rotary embedding (transformers' rotate-half convention) of contiguous q
+    (B, H, S, D) and k (B, H_kv, S, D), token s at position ``start + s``, with fp32 ``cos`` and ``sin`` tables
+    (max_len, D); one program per (batch, head) and ``ROPE_BLOCK_S`` tokens; returns the rotated q and k in
+    their dtypes."""
+    rotated = []
+    for x in (q, k):
+        b, h, s, d = x.shape
+        y = torch.empty_like(x)
+        _rope_kernel[(b * h, triton.cdiv(s, ROPE_BLOCK_S))](x, cos, sin, y, s, start, HALF=d // 2,
+                                                             BLOCK_S=ROPE_BLOCK_S)
+        rotated.append(y)
+    return rotated[0], rotated[1]
+
+
+def rope_tables(max_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama's fp32 cos and sin tables (max_len, head_dim), as transformers builds them: row p holds
+    cos(p * theta_j) and sin(p * theta_j), theta_j = base ** (-2j / head_dim), for j < head_dim / 2, twice."""
+    theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.arange(max_len, dtype=torch.float64)[:, None] * theta[None, :]
+    angles = torch.cat([angles, angles], dim=1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def _rope_inputs(case: Case, generator: torch.Generator) -> tuple:
+    b, h, h_kv, s, d, start = case.params["shape"]
+    q = torch.randn(b, h, s, d, generator=generator).to(case.dtype)
+    k = torch.randn(b, h_kv, s, d, generator=generator).to(case.dtype)
+    cos, sin = rope_tables(start + s + 5, d)  # a few rows past the last position, as a cache's tables have
+    return on_device(q), on_device(k), on_device(cos), on_device(sin), start
+
+
+def _rope_reference(q, k, cos, sin, start) -> tuple[torch.Tensor, torch.Tensor]:
+    positions = start + torch.arange(q.shape[2])
+    c, s = cos.detach().cpu().double()[positions], sin.detach().cpu().double()[positions]
+    out = []
+    for x in (q, k):
+        x = x.detach().cpu().double()
+        x1, x2 = x.chunk(2, dim=-1)
+        out.append(x * c + torch.cat([-x2, x1], dim=-1) * s)  # transformers' apply_rotary_pos_emb
+    return out[0], out[1]
+
+
+ROPE = CodeCheck(
+    "07.5", "rope(q, k, cos, sin, start): Llama's rotary embedding of q and k in Triton, pairs (i, i + D/2), token s "
+            "at position start + s",
+    solution=rope, make_inputs=_rope_inputs, reference=_rope_reference,
+    # (B, H, H_kv, S, D, start): odd numbers of tokens and heads, positions after a cache of `start` tokens
+    cases=[Case(f"q {b}x{h}x{s}x{d}, k {b}x{h_kv}x{s}x{d}, start {start}", dtype,
+                {"shape": (b, h, h_kv, s, d, start)})
+           for (b, h, h_kv, s, d, start) in device.pick(full=[(1, 3, 1, 5, 16, 7), (2, 15, 5, 129, 128, 300),
+                                                              (3, 9, 3, 1, 128, 1000)],
+                                                        smoke=[(1, 3, 1, 5, 16, 7), (2, 5, 1, 9, 32, 20),
+                                                               (3, 3, 3, 1, 64, 40)])
+           for dtype in (torch.float32, torch.bfloat16)],
+    out_dtypes=lambda case: (case.dtype, case.dtype),
+    # bf16: the interpreter's fp32 -> bf16 conversion truncates (the GPU rounds to nearest), doubling the error
+    tolerance=lambda case: 8e-3 if case.dtype == torch.bfloat16 else TOLERANCE[case.dtype],
+    hints={"value": "Wrong values (the error is the worse of q and k). Which element is element i rotated with: "
+                    "its neighbour, or the one half a vector away? Which half takes the minus sign, "
+                    "rotate_half(x) = (-x2, x1)? Token s of x sits at position start + s: which row of the tables "
+                    "does it read? On the CPU, Triton's interpreter computes wrong values in bfloat16 arithmetic: "
+                    "convert each load to float32 first.",
+           "unwritten": "NaN in the result: tokens or heads never written (they start as NaN). The grid needs a "
+                        "program for every (batch, head) pair on axis 0 and every block of BLOCK_S tokens, counting "
+                        "a partial last one, on axis 1; q and k each need their own launch, with their own number "
+                        "of heads.",
+           "raised": "Your function raised: read the message. tl.arange needs a power of two (BLOCK_S, D / 2); a "
+                     "2-D tile of offsets comes from tokens[:, None] * D + d[None, :]. A masked load needs its "
+                     "mask to broadcast to the tile's shape.",
+           "dtype": "Return q's and k's dtypes: compute in fp32, then `.to(y_ptr.dtype.element_ty)` in the store."})
+
+CHECKS = (NF4_UNPACK, WRITE_KV, ROOFLINE_TOKENS, RMS_NORM, ROPE)
