@@ -106,6 +106,19 @@ def test_solution_is_the_modules_function():
     assert CHECK.solution is ex07.rms_norm
 
 
+def test_solution_compiles_for_the_gpu():
+    """The readable kernel through Triton's compiler for sm_90, on this CPU (the check runs it on a GPU at full
+    scale)."""
+    code = ("import torch\nfrom helpers.exercises import ex07\nfrom helpers.kernels.fit import shared_bytes\n"
+            "b = torch.empty(1, device='meta', dtype=torch.bfloat16)\n"
+            "print(shared_bytes(ex07._rms_norm_kernel, dict(x_ptr=b, w_ptr=b, y_ptr=b, n_rows=4099, n_cols=4000, "
+            "eps=1e-6, ROWS=2, BLOCK_N=4096), arch='sm_90'))")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) >= 0
+
+
 def code_cells() -> list[str]:
     return ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
 

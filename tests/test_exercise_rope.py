@@ -118,6 +118,19 @@ def test_solution_is_the_modules_function():
     assert CHECK.solution is ex07.rope
 
 
+def test_solution_compiles_for_the_gpu():
+    """The readable kernel through Triton's compiler for sm_90, on this CPU (the check runs it on a GPU at full
+    scale)."""
+    code = ("import torch\nfrom helpers.exercises import ex07\nfrom helpers.kernels.fit import shared_bytes\n"
+            "b, f = (torch.empty(1, device='meta', dtype=d) for d in (torch.bfloat16, torch.float32))\n"
+            "print(shared_bytes(ex07._rope_kernel, dict(x_ptr=b, cos_ptr=f, sin_ptr=f, y_ptr=b, seq_len=129, "
+            "start=300, HALF=64, BLOCK_S=ex07.ROPE_BLOCK_S), arch='sm_90'))")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) >= 0
+
+
 def code_cells() -> list[str]:
     return ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
 
