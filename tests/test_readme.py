@@ -51,3 +51,13 @@ def test_readme_gives_the_cpu_only_torch_command_for_a_machine_without_a_gpu():
     assert "--index-url https://download.pytorch.org/whl/cpu" in command
     pinned = _block(readme, "test-command").split("torch==", 1)[1].split()[0]
     assert f"torch=={pinned} " in command, "the CPU command must install the test command's torch pin"
+
+
+def test_readme_counts_the_exercises_there_are():
+    from helpers.exercises import CHECKS
+    from helpers.exercises.checks import CodeCheck
+
+    readme = (results.REPO_ROOT / "README.md").read_text()
+    code = sum(isinstance(check, CodeCheck) for check in CHECKS.values())
+    assert f"exercises ({len(CHECKS)} in all): {code} ask you to write" in " ".join(readme.split())
+    assert f"; {len(CHECKS) - code} ask you to predict" in " ".join(readme.split())
