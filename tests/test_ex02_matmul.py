@@ -1,9 +1,5 @@
 """Exercise 02.4, the tiled matmul: its cases reach every edge the kernel must mask, the notebook's cells run
 alone after a restart, and the skeleton filled in as the task asks passes the check."""
-import json
-import os
-import subprocess
-import sys
 import time
 
 import helpers  # noqa: F401  (before triton: switches it to the interpreter without a GPU)
@@ -11,6 +7,7 @@ import torch
 import triton
 from helpers.exercises import CHECKS, ex02
 from helpers.results import REPO_ROOT
+from exercise_cells import exercise_cells, run_exercise
 
 NOTEBOOK = REPO_ROOT / "notebooks" / "02_arithmetic_intensity_and_roofline.ipynb"
 CHECK = CHECKS["02.4"]
@@ -32,27 +29,10 @@ def test_check_is_quick_on_this_machine(capsys):
     assert time.perf_counter() - start < 30, capsys.readouterr().out
 
 
-def exercise_cells() -> tuple[str, str]:
-    """The skeleton cell and the check cell of 02.4."""
-    cells = ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
-    check = next(i for i, s in enumerate(cells) if 'CHECKS["02.4"].check' in s)
-    return cells[check - 1], cells[check]
-
-
-def run_alone(source: str) -> str:
-    """``source`` run in a fresh Python, as the cells are after a kernel restart (no TRITON_INTERPRET set)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    done = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=REPO_ROOT / "notebooks")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
-
-
 def test_skeleton_run_alone_is_not_attempted():
-    skeleton, check = exercise_cells()
+    skeleton, _ = exercise_cells(NOTEBOOK, "02.4")
     assert skeleton.index("from helpers") < skeleton.index("import triton")
-    assert "02.4: not attempted yet" in run_alone(skeleton + "\n" + check)
+    assert "02.4: not attempted yet" in run_exercise(NOTEBOOK, "02.4")
 
 
 FILLED = {  # what a learner writes for each TODO of the skeleton, as the task and the comments ask
@@ -70,11 +50,4 @@ FILLED = {  # what a learner writes for each TODO of the skeleton, as the task a
 
 
 def test_skeleton_filled_in_passes():
-    skeleton, check = exercise_cells()
-    lines = []
-    for line in skeleton.splitlines():
-        todo = next((t for t in FILLED if line.strip().startswith(t)), None)
-        indent = line[:len(line) - len(line.lstrip())]
-        lines.append(line if todo is None else indent + FILLED[todo] if FILLED[todo] else "")
-    assert sum(line not in skeleton for line in lines if line) == len(FILLED) - 1, "a TODO of the skeleton moved"
-    assert "02.4: correct on all" in run_alone("\n".join(lines) + "\n" + check)
+    assert "02.4: correct on all" in run_exercise(NOTEBOOK, "02.4", FILLED)

@@ -1,11 +1,7 @@
 """Exercise 09.3, a decode step over a paged cache: its cases hold what the task says they hold, more wrong kernels
 fail, the solution compiles for a GPU, the notebook's cells run alone after a restart, and the skeleton filled in
 as the task asks passes the check."""
-import json
 import math
-import os
-import subprocess
-import sys
 import time
 
 import helpers  # before triton: switches it to the interpreter without a GPU
@@ -16,6 +12,7 @@ import triton.language as tl
 from helpers.exercises import CHECKS
 from helpers.kernels.paged_decode_attention import gather_pages
 from helpers.results import REPO_ROOT
+from exercise_cells import checked, exercise_cells, run_exercise, shared_bytes_on_sm90
 
 NOTEBOOK = REPO_ROOT / "notebooks" / "09_serving_paged_attention.ipynb"
 CHECK = CHECKS["09.3"]
@@ -107,51 +104,27 @@ def with_bug(bug: int):
 
 @pytest.mark.parametrize("bug, kind", [(MAX_FROM_ZERO, "unwritten"), (SCORES_NOT_MASKED, "value"),
                                        (NO_RESCALE, "value"), (HEAD_BY_MODULO, "value")])
-def test_more_wrong_kernels_fail(bug, kind, capsys):
+def test_more_wrong_kernels_fail(bug, kind):
     assert with_bug(-1)(*drawn(CHECK.cases[0])).isfinite().all()  # the kernel without a bug is the solution's
-    assert CHECK.check(with_bug(-1), seed=2).passed, capsys.readouterr().out
-    capsys.readouterr()
-    assert not CHECK.check(with_bug(bug), seed=2).passed
-    out = capsys.readouterr().out
-    assert f"- {kind}:" in out, out
+    passed, out = checked(CHECK, with_bug(-1), seed=2)
+    assert passed, out
+    passed, out = checked(CHECK, with_bug(bug), seed=2)
+    assert not passed and f"- {kind}:" in out, out
 
 
 # --- the solution on a GPU, and the notebook's cells -----------------------------------------------
 
 def test_solution_compiles_for_the_gpu():
     """The readable kernel (loop-carried scalars m and l) through Triton's compiler for sm_90, on this CPU."""
-    code = ("import torch\nfrom helpers.exercises import ex09\nfrom helpers.kernels.fit import shared_bytes\n"
-            "t = lambda dtype: torch.empty(1, device='meta', dtype=dtype)\n"
-            "print(shared_bytes(ex09._paged_attention_kernel, dict(Q=t(torch.bfloat16), KP=t(torch.bfloat16), "
-            "VP=t(torch.bfloat16), TABLE=t(torch.int32), LENS=t(torch.int32), OUT=t(torch.bfloat16), H=32, HKV=8, "
-            "TABLE_WIDTH=17, scale=0.1, PAGE=16, HEAD_DIM=128), arch='sm_90'))")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO_ROOT)}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert int(done.stdout.split()[-1]) >= 0
-
-
-def exercise_cells() -> tuple[str, str]:
-    """The skeleton cell and the check cell of 09.3."""
-    cells = ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
-    check = next(i for i, s in enumerate(cells) if 'CHECKS["09.3"].check' in s)
-    return cells[check - 1], cells[check]
-
-
-def run_alone(source: str) -> str:
-    """``source`` run in a fresh Python, as the cells are after a kernel restart (no TRITON_INTERPRET set)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    done = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=REPO_ROOT / "notebooks")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    args = ("dict(Q=b, KP=b, VP=b, TABLE=i, LENS=i, OUT=b, H=32, HKV=8, TABLE_WIDTH=17, scale=0.1, PAGE=16, "
+            "HEAD_DIM=128)")
+    assert shared_bytes_on_sm90("ex09._paged_attention_kernel", args) >= 0
 
 
 def test_skeleton_run_alone_is_not_attempted():
-    skeleton, check = exercise_cells()
+    skeleton, _ = exercise_cells(NOTEBOOK, "09.3")
     assert skeleton.index("import helpers") < skeleton.index("import triton")
-    assert "09.3: not attempted yet" in run_alone(skeleton + "\n" + check)
+    assert "09.3: not attempted yet" in run_exercise(NOTEBOOK, "09.3")
 
 
 FILLED = {  # what a learner writes for each TODO of the skeleton, as the task and the comments ask
@@ -172,11 +145,4 @@ FILLED = {  # what a learner writes for each TODO of the skeleton, as the task a
 
 
 def test_skeleton_filled_in_passes():
-    skeleton, check = exercise_cells()
-    lines = []
-    for line in skeleton.splitlines():
-        todo = next((t for t in FILLED if line.strip().startswith(t)), None)
-        indent = line[:len(line) - len(line.lstrip())]
-        lines.append(line if todo is None else indent + FILLED[todo] if FILLED[todo] else "")
-    assert sum(line not in skeleton for line in lines if line) == len(FILLED) - 2, "a TODO of the skeleton moved"
-    assert "09.3: correct on all" in run_alone("\n".join(lines) + "\n" + check)
+    assert "09.3: correct on all" in run_exercise(NOTEBOOK, "09.3", FILLED)

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 from helpers.exercises import CHECKS, ex05
 from helpers.kernels.flash_attention import attention_reference
+from exercise_cells import checked
 
 CHECK = CHECKS["05.4"]
 BLOCK = 16  # the skeleton's BLOCK_M and BLOCK_N
@@ -72,9 +73,10 @@ def switched(grid_of_one=False, **switches):
     return answer
 
 
-def test_the_switched_kernel_with_every_switch_on_passes(capsys):
+def test_the_switched_kernel_with_every_switch_on_passes():
     """So that each planted failure below comes from its one switch."""
-    assert CHECK.check(switched(), seed=3).passed, capsys.readouterr().out
+    passed, out = checked(CHECK, switched())
+    assert passed, out
 
 
 @pytest.mark.parametrize("planted, kind", [
@@ -86,10 +88,9 @@ def test_the_switched_kernel_with_every_switch_on_passes(capsys):
     (switched(grid_of_one=True), "unwritten"),
 ], ids=["unguarded exp", "unguarded division", "no causal mask", "no mask at the end of K", "no rescaling",
         "grid of one program"])
-def test_check_fails_a_planted_kernel(planted, kind, capsys):
-    assert CHECK.check(planted, seed=3).passed is False
-    out = capsys.readouterr().out
-    assert f"- {kind}: " in out, out
+def test_check_fails_a_planted_kernel(planted, kind):
+    passed, out = checked(CHECK, planted)
+    assert not passed and f"- {kind}: " in out, out
 
 
 def test_cases_hold_what_the_check_claims():

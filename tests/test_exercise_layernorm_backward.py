@@ -1,10 +1,6 @@
 """Exercise 04.3, the LayerNorm backward with partial sums per program: its check fails the kernels a learner
 plausibly writes wrong (each a real Triton kernel, one switch away from the solution), its cases hold what the
 task claims, the notebook's cells run alone after a restart, and the skeleton filled in as the task asks passes."""
-import json
-import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -15,6 +11,7 @@ import triton
 import triton.language as tl
 from helpers.exercises import CHECKS, ex04
 from helpers.results import REPO_ROOT
+from exercise_cells import checked, code_cells, run_exercise, shared_bytes_on_sm90
 
 NOTEBOOK = REPO_ROOT / "notebooks" / "04_fused_kernel_in_triton.ipynb"
 CHECK = CHECKS["04.3"]
@@ -85,9 +82,10 @@ def switched(grid_of_one=False, first_partial_only=False, **switches):
     return answer
 
 
-def test_the_switched_kernel_with_every_switch_on_passes(capsys):
+def test_the_switched_kernel_with_every_switch_on_passes():
     """So that each planted failure below comes from its one switch."""
-    assert CHECK.check(switched(), seed=3).passed, capsys.readouterr().out
+    passed, out = checked(CHECK, switched())
+    assert passed, out
 
 
 @pytest.mark.parametrize("planted, kind", [
@@ -100,10 +98,9 @@ def test_the_switched_kernel_with_every_switch_on_passes(capsys):
     (switched(first_partial_only=True), "value"),
 ], ids=["means over BLOCK_N", "one row sum", "accumulators overwritten", "last row skipped",
         "partials all in row 0", "grid of one program", "host sums one partial row"])
-def test_check_fails_a_planted_kernel(planted, kind, capsys):
-    assert CHECK.check(planted, seed=3).passed is False
-    out = capsys.readouterr().out
-    assert f"- {kind}: " in out, out
+def test_check_fails_a_planted_kernel(planted, kind):
+    passed, out = checked(CHECK, planted)
+    assert not passed and f"- {kind}: " in out, out
 
 
 def test_cases_hold_what_the_task_claims():
@@ -138,47 +135,19 @@ def test_solution_is_the_modules_function():
 
 def test_solution_compiles_for_the_gpu():
     """The readable kernel (a row loop with a run-time end) through Triton's compiler for sm_90, on this CPU."""
-    code = ("import torch\nfrom helpers.exercises import ex04\nfrom helpers.kernels.fit import shared_bytes\n"
-            "b, f = (torch.empty(1, device='meta', dtype=d) for d in (torch.bfloat16, torch.float32))\n"
-            "print(shared_bytes(ex04._layernorm_backward_kernel, dict(x_ptr=b, w_ptr=b, mean_ptr=f, rstd_ptr=f, "
-            "dy_ptr=b, dx_ptr=b, dw_part_ptr=f, db_part_ptr=f, n_rows=4099, n_cols=768, ROWS_PER_PROGRAM=16, "
-            "BLOCK_N=1024), arch='sm_90'))")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO_ROOT)}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert int(done.stdout.split()[-1]) >= 0
-
-
-def code_cells() -> list[str]:
-    return ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
-
-
-def exercise_cells() -> tuple[str, str]:
-    """The skeleton cell and the check cell of 04.3."""
-    cells = code_cells()
-    check = next(i for i, s in enumerate(cells) if 'CHECKS["04.3"].check' in s)
-    return cells[check - 1], cells[check]
-
-
-def run_alone(source: str) -> str:
-    """``source`` run in a fresh Python, as the cells are after a kernel restart (no TRITON_INTERPRET set)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    done = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=REPO_ROOT / "notebooks")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    args = ("dict(x_ptr=b, w_ptr=b, mean_ptr=f, rstd_ptr=f, dy_ptr=b, dx_ptr=b, dw_part_ptr=f, db_part_ptr=f, "
+            "n_rows=4099, n_cols=768, ROWS_PER_PROGRAM=16, BLOCK_N=1024)")
+    assert shared_bytes_on_sm90("ex04._layernorm_backward_kernel", args) >= 0
 
 
 def test_exercise_cells_import_helpers_before_triton():
-    for cell in code_cells():
+    for cell in code_cells(NOTEBOOK):
         if "import triton" in cell and "CHECKS" in cell:
             assert cell.index("helpers") < cell.index("import triton"), cell
 
 
 def test_skeleton_run_alone_is_not_attempted():
-    skeleton, check = exercise_cells()
-    assert "04.3: not attempted yet" in run_alone(skeleton + "\n" + check)
+    assert "04.3: not attempted yet" in run_exercise(NOTEBOOK, "04.3")
 
 
 FILLED = {  # what a learner writes for each TODO of the skeleton, as the task and the comments ask
@@ -202,11 +171,4 @@ FILLED = {  # what a learner writes for each TODO of the skeleton, as the task a
 
 
 def test_skeleton_filled_in_passes():
-    skeleton, check = exercise_cells()
-    lines = []
-    for line in skeleton.splitlines():
-        todo = next((t for t in FILLED if line.strip().startswith(t)), None)
-        indent = line[:len(line) - len(line.lstrip())]
-        lines.append(line if todo is None else indent + FILLED[todo] if FILLED[todo] else "")
-    assert sum(line not in skeleton for line in lines if line) == len(FILLED) - 1, "a TODO of the skeleton moved"
-    assert "04.3: correct on all" in run_alone("\n".join(lines) + "\n" + check)
+    assert "04.3: correct on all" in run_exercise(NOTEBOOK, "04.3", FILLED)

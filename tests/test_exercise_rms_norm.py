@@ -1,11 +1,6 @@
 """Exercise 07.4, Llama's RMSNorm forward in Triton: its check fails the kernels a learner plausibly writes wrong
 (each a real Triton kernel, one switch away from the solution), its cases hold what the task claims, the notebook's
 cells run alone after a restart, and the skeleton filled in as the task asks passes."""
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -14,6 +9,7 @@ import triton
 import triton.language as tl
 from helpers.exercises import CHECKS, ex07
 from helpers.results import REPO_ROOT
+from exercise_cells import checked, exercise_cells, run_exercise, shared_bytes_on_sm90
 
 NOTEBOOK = REPO_ROOT / "notebooks" / "07_kernels_at_work.ipynb"
 CHECK = CHECKS["07.4"]
@@ -67,9 +63,10 @@ def unmasked_padding(x, w, eps, rows_per_program):
     return (x.float() * rstd * w.float()).to(x.dtype)
 
 
-def test_the_switched_kernel_with_every_switch_on_passes(capsys):
+def test_the_switched_kernel_with_every_switch_on_passes():
     """So that each planted failure below comes from its one switch."""
-    assert CHECK.check(switched(), seed=3).passed, capsys.readouterr().out
+    passed, out = checked(CHECK, switched())
+    assert passed, out
 
 
 @pytest.mark.parametrize("planted, kind", [
@@ -79,10 +76,9 @@ def test_the_switched_kernel_with_every_switch_on_passes(capsys):
     (switched(WEIGHT=False), "value"),
     (switched(grid_of_one=True), "unwritten"),
 ], ids=["mean over BLOCK_N", "padding not masked", "eps outside the sqrt", "no weight", "grid of one program"])
-def test_check_fails_a_planted_kernel(planted, kind, capsys):
-    assert CHECK.check(planted, seed=3).passed is False
-    out = capsys.readouterr().out
-    assert f"- {kind}: " in out, out
+def test_check_fails_a_planted_kernel(planted, kind):
+    passed, out = checked(CHECK, planted)
+    assert not passed and f"- {kind}: " in out, out
 
 
 def test_cases_hold_what_the_task_claims():
@@ -109,45 +105,17 @@ def test_solution_is_the_modules_function():
 def test_solution_compiles_for_the_gpu():
     """The readable kernel through Triton's compiler for sm_90, on this CPU (the check runs it on a GPU at full
     scale)."""
-    code = ("import torch\nfrom helpers.exercises import ex07\nfrom helpers.kernels.fit import shared_bytes\n"
-            "b = torch.empty(1, device='meta', dtype=torch.bfloat16)\n"
-            "print(shared_bytes(ex07._rms_norm_kernel, dict(x_ptr=b, w_ptr=b, y_ptr=b, n_rows=4099, n_cols=4000, "
-            "eps=1e-6, ROWS=2, BLOCK_N=4096), arch='sm_90'))")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO_ROOT)}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert int(done.stdout.split()[-1]) >= 0
-
-
-def code_cells() -> list[str]:
-    return ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
-
-
-def exercise_cells() -> tuple[str, str]:
-    """The skeleton cell and the check cell of 07.4."""
-    cells = code_cells()
-    check = next(i for i, s in enumerate(cells) if 'CHECKS["07.4"].check' in s)
-    return cells[check - 1], cells[check]
-
-
-def run_alone(source: str) -> str:
-    """``source`` run in a fresh Python, as the cells are after a kernel restart (no TRITON_INTERPRET set)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    done = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=REPO_ROOT / "notebooks")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    args = "dict(x_ptr=b, w_ptr=b, y_ptr=b, n_rows=4099, n_cols=4000, eps=1e-6, ROWS=2, BLOCK_N=4096)"
+    assert shared_bytes_on_sm90("ex07._rms_norm_kernel", args) >= 0
 
 
 def test_exercise_cell_imports_helpers_before_triton():
-    skeleton, _ = exercise_cells()
+    skeleton, _ = exercise_cells(NOTEBOOK, "07.4")
     assert skeleton.index("import helpers") < skeleton.index("import triton")
 
 
 def test_skeleton_run_alone_is_not_attempted():
-    skeleton, check = exercise_cells()
-    assert "07.4: not attempted yet" in run_alone(skeleton + "\n" + check)
+    assert "07.4: not attempted yet" in run_exercise(NOTEBOOK, "07.4")
 
 
 FILLED = {  # what a learner writes for each TODO of the skeleton, as the task and the comments ask
@@ -163,11 +131,4 @@ FILLED = {  # what a learner writes for each TODO of the skeleton, as the task a
 
 
 def test_skeleton_filled_in_passes():
-    skeleton, check = exercise_cells()
-    lines = []
-    for line in skeleton.splitlines():
-        todo = next((t for t in FILLED if line.strip().startswith(t)), None)
-        indent = line[:len(line) - len(line.lstrip())]
-        lines.append(line if todo is None else indent + FILLED[todo] if FILLED[todo] else "")
-    assert sum(line not in skeleton for line in lines if line) == len(FILLED) - 1, "a TODO of the skeleton moved"
-    assert "07.4: correct on all" in run_alone("\n".join(lines) + "\n" + check)
+    assert "07.4: correct on all" in run_exercise(NOTEBOOK, "07.4", FILLED)

@@ -2,11 +2,6 @@
 writes wrong (each a real Triton kernel, one switch away from the solution), its cases hold what the task claims,
 its reference is transformers' apply_rotary_pos_emb, the notebook's cells run alone after a restart, and the
 skeleton filled in as the task asks passes."""
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -15,6 +10,7 @@ import triton
 import triton.language as tl
 from helpers.exercises import CHECKS, ex07
 from helpers.results import REPO_ROOT
+from exercise_cells import checked, exercise_cells, run_exercise, shared_bytes_on_sm90
 
 NOTEBOOK = REPO_ROOT / "notebooks" / "07_kernels_at_work.ipynb"
 CHECK = CHECKS["07.5"]
@@ -66,9 +62,10 @@ def switched(grid_of_one=False, rotate_k=True, **switches):
     return answer
 
 
-def test_the_switched_kernel_with_every_switch_on_passes(capsys):
+def test_the_switched_kernel_with_every_switch_on_passes():
     """So that each planted failure below comes from its one switch."""
-    assert CHECK.check(switched(), seed=3).passed, capsys.readouterr().out
+    passed, out = checked(CHECK, switched())
+    assert passed, out
 
 
 @pytest.mark.parametrize("planted, kind", [
@@ -78,10 +75,9 @@ def test_the_switched_kernel_with_every_switch_on_passes(capsys):
     (switched(rotate_k=False), "value"),
     (switched(grid_of_one=True), "unwritten"),
 ], ids=["pairs (2i, 2i + 1)", "sign of sin", "positions from 0", "k not rotated", "grid of one program"])
-def test_check_fails_a_planted_kernel(planted, kind, capsys):
-    assert CHECK.check(planted, seed=3).passed is False
-    out = capsys.readouterr().out
-    assert f"- {kind}: " in out, out
+def test_check_fails_a_planted_kernel(planted, kind):
+    passed, out = checked(CHECK, planted)
+    assert not passed and f"- {kind}: " in out, out
 
 
 def test_cases_hold_what_the_task_claims():
@@ -121,45 +117,17 @@ def test_solution_is_the_modules_function():
 def test_solution_compiles_for_the_gpu():
     """The readable kernel through Triton's compiler for sm_90, on this CPU (the check runs it on a GPU at full
     scale)."""
-    code = ("import torch\nfrom helpers.exercises import ex07\nfrom helpers.kernels.fit import shared_bytes\n"
-            "b, f = (torch.empty(1, device='meta', dtype=d) for d in (torch.bfloat16, torch.float32))\n"
-            "print(shared_bytes(ex07._rope_kernel, dict(x_ptr=b, cos_ptr=f, sin_ptr=f, y_ptr=b, seq_len=129, "
-            "start=300, HALF=64, BLOCK_S=ex07.ROPE_BLOCK_S), arch='sm_90'))")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO_ROOT)}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert int(done.stdout.split()[-1]) >= 0
-
-
-def code_cells() -> list[str]:
-    return ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
-
-
-def exercise_cells() -> tuple[str, str]:
-    """The skeleton cell and the check cell of 07.5."""
-    cells = code_cells()
-    check = next(i for i, s in enumerate(cells) if 'CHECKS["07.5"].check' in s)
-    return cells[check - 1], cells[check]
-
-
-def run_alone(source: str) -> str:
-    """``source`` run in a fresh Python, as the cells are after a kernel restart (no TRITON_INTERPRET set)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    done = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=REPO_ROOT / "notebooks")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    args = "dict(x_ptr=b, cos_ptr=f, sin_ptr=f, y_ptr=b, seq_len=129, start=300, HALF=64, BLOCK_S=ex07.ROPE_BLOCK_S)"
+    assert shared_bytes_on_sm90("ex07._rope_kernel", args) >= 0
 
 
 def test_exercise_cell_imports_helpers_before_triton():
-    skeleton, _ = exercise_cells()
+    skeleton, _ = exercise_cells(NOTEBOOK, "07.5")
     assert skeleton.index("import helpers") < skeleton.index("import triton")
 
 
 def test_skeleton_run_alone_is_not_attempted():
-    skeleton, check = exercise_cells()
-    assert "07.5: not attempted yet" in run_alone(skeleton + "\n" + check)
+    assert "07.5: not attempted yet" in run_exercise(NOTEBOOK, "07.5")
 
 
 FILLED = {  # what a learner writes for each TODO of the skeleton, as the task and the comments ask
@@ -179,11 +147,4 @@ FILLED = {  # what a learner writes for each TODO of the skeleton, as the task a
 
 
 def test_skeleton_filled_in_passes():
-    skeleton, check = exercise_cells()
-    lines = []
-    for line in skeleton.splitlines():
-        todo = next((t for t in FILLED if line.strip().startswith(t)), None)
-        indent = line[:len(line) - len(line.lstrip())]
-        lines.append(line if todo is None else indent + FILLED[todo] if FILLED[todo] else "")
-    assert sum(line not in skeleton for line in lines if line) == len(FILLED) - 1, "a TODO of the skeleton moved"
-    assert "07.5: correct on all" in run_alone("\n".join(lines) + "\n" + check)
+    assert "07.5: correct on all" in run_exercise(NOTEBOOK, "07.5", FILLED)
