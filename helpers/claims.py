@@ -250,8 +250,9 @@ def flash_backward(load: Loader, gpu: str) -> Verdict:
         return Verdict(UNDECIDED, rule, {}, f"a {res.provenance.get('scale')}-scale run decides nothing")
     claim = load("flash_backward", gpu)
     rows = backward_outcomes(res.records) + (backward_outcomes(claim.records) if claim else [])
-    peak = {(r["impl"], r["S"]): r["peak_mem_bytes"] for r in res.records
-            if r["pass"] == "fwd+bwd" and r["ms"] is None and r["status"] == "ok" and r["peak_mem_bytes"]}
+    memory = [r for r in res.records if r["pass"] == "fwd+bwd" and r["ms"] is None]  # the memory sweep
+    peak = {(r["impl"], r["S"]): r["peak_mem_bytes"] for r in memory if r["status"] == "ok" and r["peak_mem_bytes"]}
+    naive = {r["S"]: r["status"] for r in memory if r["impl"] == "naive"}
     flash_s = sorted(s for impl, s in peak if impl == "triton")
     if not rows or len(flash_s) < 2:
         return Verdict(UNDECIDED, rule, {}, "no backward timed for both implementations, or no memory sweep")
@@ -263,7 +264,8 @@ def flash_backward(load: Loader, gpu: str) -> Verdict:
                 "standard / flash backward time": _span([r["standard / flash"] for r in rows]),
                 "flash peak memory growth per doubling of S (max)": round(growth, 2),
                 "flash peak memory below standard's at every S": less,
-                "standard OOM at S": [s for s in flash_s if ("naive", s) not in peak]}
+                "standard out of memory at S": [s for s in flash_s if naive.get(s) == "oom"],
+                "standard too large for the card (not run) at S": [s for s in flash_s if naive.get(s) == "skipped"]}
     if not (less and growth <= 2.5 and min(more.values()) > 1) or all(o == "slower" for o in outcomes):
         return Verdict(REFUTED, rule, evidence)
     if all(o == "faster" for o in outcomes):

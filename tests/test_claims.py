@@ -164,6 +164,16 @@ def test_flash_backward_verdict_follows_time_and_memory():
     assert judge("flash-backward", files).verdict == CONFIRMED
 
 
+def test_standard_attention_out_of_memory_is_told_apart_from_not_run():
+    files = _attention(2.0)
+    sweep = [r for r in files["flash_attention", "h200"] if r["ms"] is None and r["impl"] == "naive"]
+    sweep[1].update(status="oom", peak_mem_bytes=None)  # ran at S = 2048 and ran out of memory
+    sweep[2].update(status="skipped", peak_mem_bytes=None)  # S = 4096: the plan said it does not fit, never run
+    evidence = judge("flash-backward", files).evidence
+    assert evidence["standard out of memory at S"] == [2048]
+    assert evidence["standard too large for the card (not run) at S"] == [4096]
+
+
 def test_backward_outcomes_read_the_percentile_bands():
     rows = claims.backward_outcomes(_attention(2.0, spread=0.1)["flash_attention", "h200"])
     assert [r["S"] for r in rows] == [1024, 2048] and all(r["outcome"] == "faster" for r in rows)
