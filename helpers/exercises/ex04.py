@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from .. import device, results
-from .checks import TOLERANCE, Case, CodeCheck, NumberCheck, on_device
+from .checks import Case, CodeCheck, NumberCheck, on_device, truncated_bf16_tolerance
 
 
 @triton.jit
@@ -139,8 +139,7 @@ LAYERNORM_BACKWARD = CodeCheck(
                                         smoke=[(3, 37, 2), (10, 100, 4), (13, 257, 3)])  # the last program: fewer
            for dtype in (torch.float32, torch.bfloat16)],
     out_dtypes=lambda case: (case.dtype,) * 3,
-    # bf16: the interpreter's fp32 -> bf16 conversion truncates (the GPU rounds to nearest), doubling dx's error
-    tolerance=lambda case: 8e-3 if case.dtype == torch.bfloat16 else TOLERANCE[case.dtype],
+    tolerance=truncated_bf16_tolerance,
     hints={"value": "Wrong values (the error is the worst of dx, dw, db). The two row sums of dx are means over "
                     "the n_cols real columns, not BLOCK_N: what must a padding lane add to them? dw and db need "
                     "every row of every program: does each row add into the accumulators (+=), does each program "

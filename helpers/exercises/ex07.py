@@ -9,7 +9,7 @@ import triton.language as tl
 from .. import datasheets, device
 from ..finetune import generate
 from ..llama import models
-from .checks import TOLERANCE, Case, CodeCheck, NumberCheck, on_device
+from .checks import Case, CodeCheck, NumberCheck, on_device, truncated_bf16_tolerance
 
 
 def nf4_unpack(packed: torch.Tensor, code: torch.Tensor, absmax: torch.Tensor, blocksize: int) -> torch.Tensor:
@@ -141,12 +141,6 @@ def _rms_norm_inputs(case: Case, generator: torch.Generator) -> tuple:
     return on_device(x), on_device(w), case.params["eps"], rows_per_program
 
 
-def _tolerance(case: Case) -> float:
-    """TOLERANCE, but bf16's doubled: the interpreter's fp32 -> bf16 conversion truncates (the GPU rounds to
-    nearest), doubling the error."""
-    return 8e-3 if case.dtype == torch.bfloat16 else TOLERANCE[case.dtype]
-
-
 def _rms_norm_reference(x, w, eps, rows_per_program) -> torch.Tensor:
     x64, w64 = x.detach().cpu().double(), w.detach().cpu().double()
     return x64 / torch.sqrt(x64.pow(2).mean(dim=1, keepdim=True) + eps) * w64
@@ -162,7 +156,7 @@ RMS_NORM = CodeCheck(
                                              smoke=[((7, 37, 2), 1e-6), ((10, 100, 4), 1e-5), ((13, 300, 4), 1e-6)])
            for dtype in (torch.float32, torch.bfloat16)],
     out_dtypes=lambda case: (case.dtype,),
-    tolerance=_tolerance,
+    tolerance=truncated_bf16_tolerance,
     hints={"value": "Wrong values. The mean of x**2 is over a row's n_cols real columns: what do the padding lanes "
                     "(cols >= n_cols) load, and what do you divide the sum by? eps is added to the mean before the "
                     "square root, and each row has its own statistic. The check's rows include some whose mean "
@@ -256,7 +250,7 @@ ROPE = CodeCheck(
                                                                (3, 3, 3, 1, 64, 40)])
            for dtype in (torch.float32, torch.bfloat16)],
     out_dtypes=lambda case: (case.dtype, case.dtype),
-    tolerance=_tolerance,
+    tolerance=truncated_bf16_tolerance,
     hints={"value": "Wrong values (the error is the worse of q and k). Which element is element i rotated with: "
                     "its neighbour, or the one half a vector away? Which half takes the minus sign, "
                     "rotate_half(x) = (-x2, x1)? Token s of x sits at position start + s: which row of the tables "
