@@ -47,6 +47,12 @@ class CardLimits:
         """bf16 arithmetic in hardware: sm_80 and up (sm_75 emulates it, correct but slow)."""
         return self.capability >= (8, 0)
 
+    def slow_triton_reason(self) -> str | None:
+        """Why the course's Triton kernels run slower on this card, one clause naming it; None from sm_80 up."""
+        if self.triton_tensor_cores:
+            return None
+        return f"{self.name} ({self.arch}): Triton's tl.dot has no tensor cores here and bf16 is emulated"
+
     def fits(self, bytes_needed: float, share: float = 0.85) -> bool:
         """Whether ``bytes_needed`` fits in ``share`` of the card's memory (the rest: CUDA context, allocator slack)."""
         if not 0 < share <= 1:

@@ -56,8 +56,8 @@ def test_a_card_without_triton_tensor_cores_says_why_and_times_fp16():
     assert "no tensor cores" in ad.card_notes(t4)[0] and ad.card_notes(CARDS["NVIDIA A10"]) == []
     keep, _ = ad.plan_points(t4, RACE, torch.float16)
     assert max(p[4] for p in keep) == ad.SLOW_CARD_MAX_S and not {p[0] for p in keep} & set(ad.SM80_IMPLS)
-    assert "emulates bf16" in decoding_ladder.ladder_plan(t4, ["7b"], 32000, 144)[1][0]
-    assert "emulates bf16" in kernels_step.training_plan(t4, "7b", BATCHES, MAX_LEN).lines[0]
+    assert "bf16 is emulated" in decoding_ladder.ladder_plan(t4, ["7b"], 32000, 144)[1][0]
+    assert "bf16 is emulated" in kernels_step.training_plan(t4, "7b", BATCHES, MAX_LEN).lines[0]
 
 
 def test_a_plan_fails_a_card_too_small_for_it():

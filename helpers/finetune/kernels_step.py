@@ -118,9 +118,8 @@ def training_plan(card: CardLimits | None, model_name: str, batches: dict[int, i
     spec, lines = spec_for(model_name, vocab_size), []
     if not card.native_bf16:
         batches = {b: min(n, SLOW_CARD_STEPS) for b, n in batches.items()}
-        lines.append(f"{card.name} ({card.arch}) emulates bf16, which the QLoRA model computes in, and Triton's "
-                     f"tl.dot has no tensor cores here: every step is slower, so each batch size trains at most "
-                     f"{SLOW_CARD_STEPS} steps")
+        lines.append(f"{card.slow_triton_reason()}: every QLoRA step (bf16) is slower, so each batch size trains at "
+                     f"most {SLOW_CARD_STEPS} steps")
     fits = {}
     for b in batches:
         need = max(step_bytes(spec, v, b, max_len) for v in VARIANTS if v != GRAPHED)

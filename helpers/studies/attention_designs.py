@@ -78,9 +78,8 @@ def card_notes(card: CardLimits | None) -> list[str]:
     """What this card changes in notebook 05's plan, one line each (nothing on sm_80 and up, or on a CPU)."""
     if card is None or card.triton_tensor_cores:
         return []
-    return [f"{card.name} ({card.arch}) runs these kernels slower than an sm_80 or newer card: Triton's tl.dot has "
-            "no tensor cores here and bf16 is emulated, so timings use fp16 and sequences stop at "
-            f"S = {SLOW_CARD_MAX_S:,}",
+    return [f"{card.slow_triton_reason()}: these kernels run slower than on an sm_80 or newer card, so timings use "
+            f"fp16 and sequences stop at S = {SLOW_CARD_MAX_S:,}",
             f"{card.name}: {' and '.join(SM80_IMPLS)} left out (SDPA has those backends from sm_80 on)"]
 
 

@@ -102,8 +102,7 @@ def support_line(card: CardLimits | None) -> str | None:
     if not card.supported:
         return (f"{card.name} ({card.arch}) is not supported: the course needs sm_75 (T4) or newer, and the CUDA 13 "
                 "builds of PyTorch no longer run on older cards")
-    return (f"{card.name} ({card.arch}): Triton's dots do not use tensor cores here and bf16 is emulated, so the "
-            "course's kernels run correctly but slower than on sm_80 and newer")
+    return f"{card.slow_triton_reason()}: the course's kernels run correctly but slower than on sm_80 and newer"
 
 
 def ceiling_values(records: list[dict]) -> dict[str, float]:
