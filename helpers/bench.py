@@ -334,3 +334,85 @@ def profile_kernels(fn: Callable[[], object], reps: int = 5) -> list[dict]:
             total = evt.self_cpu_time_total
         rows.append({"name": evt.key, "calls": evt.count // reps, "us_per_call": total / max(evt.count, 1)})
     return sorted(rows, key=lambda r: -r["us_per_call"] * r["calls"])
+
+
+# What a profiled kernel does, by a fragment of its name (lower-cased), first match wins: PyTorch's own
+# kernels name their functor deep inside C++ templates, the libraries' kernels by their library's prefix.
+KERNEL_ROLES: tuple[tuple[str, str], ...] = (
+    ("layer_norm_grad_input", "LayerNorm backward: dx"),
+    ("gammabetabackward", "LayerNorm backward: dW, db"),
+    ("layer_norm", "LayerNorm forward"),
+    ("rowwisemoments", "LayerNorm statistics"),
+    ("gelubackward", "GELU backward"),
+    ("gelu", "GELU"),
+    ("gemm_4bit", "bitsandbytes nf4 matmul"),
+    ("kdequantize", "bitsandbytes nf4 dequantise"),
+    ("nvjet", "cuBLAS matmul"),
+    ("gemm", "matmul (cuBLAS/CUTLASS)"),
+    ("xmma", "matmul (cuBLAS)"),
+    ("flash", "attention (FlashAttention)"),
+    ("fmha", "attention (fused)"),
+    ("argmaxops", "argmax (greedy token)"),
+    ("meanops", "mean (RMSNorm's variance)"),
+    ("sum_functor", "sum over rows"),
+    ("reduce_kernel", "reduction"),
+    ("catarray", "concatenate (torch.cat)"),
+    ("indexselect", "gather rows (embedding)"),
+    ("direct_copy", "copy / dtype cast"),
+    ("memset", "fill with zeros"),
+    ("memcpy", "copy"),
+    ("mulfunctor", "multiply"),
+    ("functor_add", "add"),
+    ("neg_kernel", "negate (rotary)"),
+    ("silu", "SiLU"),
+    ("softmax", "softmax"),
+    ("rsqrt", "reciprocal square root"),
+    ("pow_tensor", "square"),
+)
+
+
+def _kernel_role(name: str) -> str:
+    key = name.lower()
+    if name.startswith("aten::"):
+        return "PyTorch operator (CPU time)"
+    if not any(c in name for c in "<(:") and name.startswith("_") and name.endswith("_kernel"):
+        return "the course's Triton kernel"
+    return next((role for fragment, role in KERNEL_ROLES if fragment in key), "other")
+
+
+def short_kernel_name(name: str, width: int = 48) -> str:
+    """A profiled kernel's name without its C++ template arguments, parameters and namespaces, at most
+    ``width`` characters: ``void at::native::vectorized_elementwise_kernel<8, at::native::GeluCUDA...>(...)``
+    becomes ``vectorized_elementwise_kernel<...>``."""
+    if name.startswith("aten::"):  # a CPU run's operator names are short already
+        return name[:width]
+    name = name.removeprefix("void ").replace("(anonymous namespace)::", "").strip()
+    depth, cut = 0, len(name)
+    for i, ch in enumerate(name):  # the parameter list starts at the first "(" outside the template brackets
+        depth += (ch == "<") - (ch == ">")
+        if ch == "(" and depth == 0 and i > 0:
+            cut = i
+            break
+    head, bracket, _ = name[:cut].partition("<")
+    short = head.split("::")[-1] + ("<...>" if bracket else "")
+    return short if len(short) <= width else short[:width - 3] + "..."
+
+
+def kernel_table(rows: list[dict], top: int = 12):
+    """:func:`profile_kernels` rows as a readable table (a ``pandas.DataFrame``): a short name, what each kernel
+    does, calls, microseconds a call and its share of the device time; the ``top`` slowest in total, then one
+    row for the rest."""
+    import pandas as pd
+
+    if top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
+    total = sum(r["us_per_call"] * r["calls"] for r in rows) or 1.0
+    table = [{"kernel": short_kernel_name(r["name"]), "what": _kernel_role(r["name"]), "calls": r["calls"],
+              "us_per_call": r["us_per_call"], "% of time": 100 * r["us_per_call"] * r["calls"] / total}
+             for r in rows[:top]]
+    rest = rows[top:]
+    if rest:
+        table.append({"kernel": f"({len(rest)} other kernels)", "what": "", "calls": sum(r["calls"] for r in rest),
+                      "us_per_call": float("nan"),
+                      "% of time": 100 * sum(r["us_per_call"] * r["calls"] for r in rest) / total})
+    return pd.DataFrame(table)

@@ -26,13 +26,13 @@ STYLE = {
     "lines.markersize": 5,
 }
 
-# Tables are never cut with "...": every column, rows up to a sweep's size, a line as wide as a notebook's
-# output area scrolls, and cells wide enough for a CUDA kernel's full name (notebook 03's profiler table).
+# Tables show every column, and rows up to a sweep's size; a table wider than 120 characters
+# wraps its columns, and a cell longer than 60 characters ends in "..." (kernel names: bench.kernel_table).
 TABLE_OPTIONS = {
     "display.max_columns": None,
     "display.max_rows": 500,
-    "display.width": 250,
-    "display.max_colwidth": 300,
+    "display.width": 120,
+    "display.max_colwidth": 60,
 }
 
 

@@ -134,3 +134,23 @@ def test_host_time_is_the_issuing_time_per_call():
     if not bench.HAS_CUDA:
         with pytest.raises(ValueError, match="busy_gpu=True needs a CUDA GPU"):
             bench.host_time(fn, busy_gpu=True)
+
+
+def test_kernel_table_names_and_roles_are_short_and_readable():
+    gelu = ("void at::native::vectorized_elementwise_kernel<8, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
+            "at::native::GeluType)::{lambda()#2}::operator()() const>(int, float)")
+    norm = ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float, false>"
+            "(int, float, c10::BFloat16 const*)")
+    rows = [{"name": gelu, "calls": 2, "us_per_call": 30.0}, {"name": norm, "calls": 1, "us_per_call": 20.0},
+            {"name": "_nf4_matmul_kernel", "calls": 4, "us_per_call": 1.0},
+            {"name": "nvjet_sm90_tst_256x8_64x6_2x1_v_bz_TNT", "calls": 1, "us_per_call": 6.0}]
+    table = bench.kernel_table(rows, top=3)
+    assert list(table["kernel"][:3]) == ["vectorized_elementwise_kernel<...>", "vectorized_layer_norm_kernel<...>",
+                                         "_nf4_matmul_kernel"]
+    assert list(table["what"][:3]) == ["GELU", "LayerNorm forward", "the course's Triton kernel"]
+    assert table["kernel"].iloc[3] == "(1 other kernels)" and table["calls"].iloc[3] == 1
+    assert abs(table["% of time"].sum() - 100) < 1e-9 and abs(table["% of time"].iloc[0] - 100 * 60 / 90) < 1e-9
+    assert max(len(k) for k in table["kernel"]) <= 48
+    assert bench.short_kernel_name("aten::layer_norm") == "aten::layer_norm"
+    with pytest.raises(ValueError, match="top"):
+        bench.kernel_table(rows, top=0)
