@@ -182,16 +182,21 @@ def test_backward_outcomes_read_the_percentile_bands():
                                                                                        "h200"])} == {UNDECIDED}
 
 
-def test_memory_wall_follows_the_datasheets(monkeypatch):
-    assert judge("memory-wall", {}).verdict == PARTLY  # tensor FLOP/s outgrew bandwidth, fp32 did not
+def test_memory_wall_follows_the_flagships_tensor_rate_against_their_bandwidth(monkeypatch):
+    verdict = judge("memory-wall", {})
+    assert verdict.verdict == CONFIRMED  # V100 -> A100 -> H100: tensor x2.50 then x3.17, bandwidth x1.73 then x2.15
+    assert verdict.evidence["V100 SXM2 -> A100 40GB SXM"] == "tensor x2.50, bandwidth x1.73"
     real = datasheets.by_name
-    slow_v100 = {"V100 SXM2": dict(fp32_tflops=1.0)}
 
-    def by_name(name):
-        row = real(name)
-        return row if name not in slow_v100 else type(row)(**{**row.__dict__, **slow_v100[name]})
-    monkeypatch.setattr(claims.datasheets, "by_name", by_name)
-    assert judge("memory-wall", {}).verdict == CONFIRMED
+    def with_bandwidth(changed):
+        def by_name(name):
+            row = real(name)
+            return row if name not in changed else type(row)(**{**row.__dict__, "bandwidth_gbps": changed[name]})
+        return by_name
+    monkeypatch.setattr(claims.datasheets, "by_name", with_bandwidth({"A100 40GB SXM": 3000}))  # one step fails
+    assert judge("memory-wall", {}).verdict == PARTLY
+    monkeypatch.setattr(claims.datasheets, "by_name", with_bandwidth({"H100 SXM": 30000}))  # the span fails
+    assert judge("memory-wall", {}).verdict == REFUTED
 
 
 def _parts(train_bandwidth_ms=None, decode=None, host_ms=10.0, streamed=None, matmul_ms=100.0):
