@@ -28,7 +28,9 @@ def test_byte_counts():
     # three passes against one: the ratio is 3 up to the parameter vectors and statistics
     assert sum(fwd.values()) / eager_chain.fused_forward_bytes(m, n, e) == pytest.approx(3.0, rel=1e-3)
     bwd = eager_chain.eager_backward_bytes(m, n, e)
-    assert sum(bwd.values()) == 7 * t + 4 * n * e + 8 * m
+    # LayerNorm's backward is two kernels, each reading dy and x: dx, then the weight and bias gradients
+    assert bwd["layer_norm_backward"] == 5 * t + 3 * n * e + 16 * m
+    assert sum(bwd.values()) == 9 * t + 4 * n * e + 16 * m
     assert eager_chain.fused_backward_bytes(m, n, e) == 3 * t + 8 * m + 5 * n * e
     with pytest.raises(ValueError):
         eager_chain.eager_forward_bytes(4, 0, 2)

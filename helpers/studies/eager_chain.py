@@ -45,12 +45,15 @@ def eager_forward_bytes(m: int, n: int, elem: int) -> dict[str, int]:
 
 
 def eager_backward_bytes(m: int, n: int, elem: int) -> dict[str, int]:
-    """The least bytes of each eager backward kernel: ``layer_norm_backward`` reads dy and its input,
-    writes dx (the weight/bias gradients reuse those reads), ``gelu_backward`` reads the gradient and
-    its input, writes a gradient; ``bias_grad`` sums the gradient over rows (one read)."""
+    """The least bytes of each eager backward kernel. ``layer_norm_backward`` is two kernels: one reads dy,
+    its input, the weight and the statistics and writes dx; a second re-reads dy and the input (and the
+    statistics) to sum the weight and bias gradients over rows. ``gelu_backward`` reads the gradient and its
+    input, writes a gradient; ``bias_grad`` sums the gradient over rows (one read)."""
     _check_sizes(m, n, elem)
-    t = m * n * elem
-    return {"layer_norm_backward": 3 * t + 3 * n * elem + 2 * m * 4, "gelu_backward": 3 * t, "bias_grad": t + n * elem}
+    t, stats = m * n * elem, 2 * m * 4
+    dx = 3 * t + n * elem + stats
+    weight_grads = 2 * t + stats + 2 * n * elem
+    return {"layer_norm_backward": dx + weight_grads, "gelu_backward": 3 * t, "bias_grad": t + n * elem}
 
 
 def eager_forward_flops(m: int, n: int) -> dict[str, int]:
