@@ -10,7 +10,7 @@ N = K = 4096  # a Llama-2-7B attention projection
 
 def _bytes_per_weight() -> tuple[float, str]:
     per_weight = nf4_gemv_bytes(N, K) / (N * K)
-    return per_weight, (f"decode_bench.nf4_gemv_bytes({N}, {K}) / ({N} x {K}): half a byte of code, one 1-byte "
+    return per_weight, (f"decoding_ladder.nf4_gemv_bytes({N}, {K}) / ({N} x {K}): half a byte of code, one 1-byte "
                         f"scale code per 64 weights, one fp32 scale per 256 of those blocks, and x and y "
                         f"(negligible at one row): {per_weight:.4f} bytes a weight")
 
