@@ -198,17 +198,18 @@ BACKWARD_OUTCOME_RULE = ("a backward's time is forward + backward minus forward,
                          "attention's, slower where above, not decided where the two overlap")
 
 
-def backward_outcomes(records: list[dict]) -> list[dict]:
-    """Per non-causal shape where standard attention ("naive") and the Triton FlashAttention both timed a
-    forward and a forward + backward: each backward's time (ms) and the outcome: "faster" where flash's band
-    (:func:`_backward_band`) lies below standard's, "slower" where above, "not decided" where they overlap."""
+def backward_outcomes(records: list[dict], flash: str = "triton") -> list[dict]:
+    """Per non-causal shape where standard attention ("naive") and a FlashAttention (``flash``: "triton", this
+    course's kernels, or "sdpa_flash", PyTorch's FlashAttention-2) both timed a forward and a forward + backward:
+    each backward's time (ms) and the outcome: "faster" where flash's band (:func:`_backward_band`) lies below
+    standard's, "slower" where above, "not decided" where they overlap."""
     timed = {(r["impl"], r["pass"], r["B"], r["H"], r["S"], r["D"]): r for r in records
              if r["status"] == "ok" and r["ms"] is not None and not r["causal"]}
     rows = []
     for b, h, s, d in sorted({k[2:] for k in timed}, key=lambda k: (k[2], k[0], k[3])):
         try:
             std, fl = (_backward_band(timed[impl, "fwd+bwd", b, h, s, d], timed[impl, "fwd", b, h, s, d])
-                       for impl in ("naive", "triton"))
+                       for impl in ("naive", flash))
         except KeyError:
             continue
         outcome = "faster" if fl[2] < std[1] else "slower" if fl[1] > std[2] else UNDECIDED
@@ -234,34 +235,36 @@ def flash_backward(load: Loader, gpu: str) -> Verdict:
     flops = {d: attention_designs.design_matmul_flops(d, 1, 1, 1, 1, 1) for d in attention_designs.BACKWARD_PRODUCTS}
     more = {d: f / flops["standard"] for d, f in flops.items() if d != "standard"}
     rule = ("'more FLOPs': the backward's matrix products counted per design (helpers.studies.attention_designs): "
-            + ", ".join(f"{d} {x:.2f}x" for d, x in more.items()) + " standard attention's FLOPs; the seed's "
-            "'more' is FlashAttention-2's recomputation, and the times are this course's kernels', which recompute "
-            "more. 'Runs faster': at every non-causal shape where standard attention (PyTorch, P kept) and the "
-            "Triton FlashAttention both ran (results flash_backward.json, B = 1, and flash_attention.json's race, "
-            "B = 16384 / S; causal shapes left out: there the tiled kernels skip the masked tiles that standard "
-            "attention computes, so they do fewer FLOPs): " + BACKWARD_OUTCOME_RULE + ". 'Never stores N x N': "
-            "its peak memory below standard's at every S and growing at most 2.5x "
-            "per doubling of S. Faster at every shape: confirmed; slower at every shape, or an N x N footprint: "
-            "refuted; no shape decided: not decided; otherwise partly")
+            + ", ".join(f"{d} {x:.2f}x" for d, x in more.items()) + " standard attention's FLOPs. 'Runs faster': "
+            "the seed's algorithm, FlashAttention-2 (PyTorch's sdpa_flash backend), against standard attention "
+            "(PyTorch, P kept) at every non-causal shape of the race (results flash_attention.json, 16,384 tokens "
+            "a step, B = 16384 / S: long kernels, so the device's time and not the launches decides), this "
+            "course's kernels beside it; causal shapes left out (there the tiled kernels skip the masked tiles "
+            "that standard attention computes, so they do fewer FLOPs): " + BACKWARD_OUTCOME_RULE + ". 'Never "
+            "stores N x N': its peak memory below standard's at every S and growing at most 2.5x per doubling of "
+            "S. Faster at every shape: confirmed; slower at every shape, or an N x N footprint: refuted; no shape "
+            "decided: not decided; otherwise partly")
     res = load("flash_attention", gpu)
     if res is None:
         return _missing(rule, "flash_attention")
     if res.provenance.get("scale", "full") != "full":
         return Verdict(UNDECIDED, rule, {}, f"a {res.provenance.get('scale')}-scale run decides nothing")
-    claim = load("flash_backward", gpu)
-    rows = backward_outcomes(res.records) + (backward_outcomes(claim.records) if claim else [])
+    rows = backward_outcomes(res.records, flash="sdpa_flash")
+    ours = backward_outcomes(res.records)
     memory = [r for r in res.records if r["pass"] == "fwd+bwd" and r["ms"] is None]  # the memory sweep
     peak = {(r["impl"], r["S"]): r["peak_mem_bytes"] for r in memory if r["status"] == "ok" and r["peak_mem_bytes"]}
     naive = {r["S"]: r["status"] for r in memory if r["impl"] == "naive"}
     flash_s = sorted(s for impl, s in peak if impl == "triton")
     if not rows or len(flash_s) < 2:
-        return Verdict(UNDECIDED, rule, {}, "no backward timed for both implementations, or no memory sweep")
+        return Verdict(UNDECIDED, rule, {}, "no backward timed for FlashAttention-2 and standard attention on "
+                       "this card (sdpa_flash needs sm_80 or later), or no memory sweep")
     growth = max(2 ** (math.log(peak["triton", b] / peak["triton", a]) / math.log(b / a))  # per doubling of S
                  for a, b in zip(flash_s, flash_s[1:]))
     less = all(peak["triton", s] < peak["naive", s] for s in flash_s if ("naive", s) in peak)
     outcomes = [r["outcome"] for r in rows]
-    evidence = {**_by_length(rows),
-                "standard / flash backward time": _span([r["standard / flash"] for r in rows]),
+    evidence = {**{f"FlashAttention-2, {k}": v for k, v in _by_length(rows).items()},
+                "standard / FlashAttention-2 backward time": _span([r["standard / flash"] for r in rows]),
+                "standard / this course's backward time (beside it)": _span([r["standard / flash"] for r in ours]),
                 "flash peak memory growth per doubling of S (max)": round(growth, 2),
                 "flash peak memory below standard's at every S": less,
                 "standard out of memory at S": [s for s in flash_s if naive.get(s) == "oom"],
