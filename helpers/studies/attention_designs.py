@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import textwrap
 from typing import Callable
 
 import torch
@@ -75,11 +76,13 @@ def timing_dtype(card: CardLimits | None) -> torch.dtype:
 
 
 def card_notes(card: CardLimits | None) -> list[str]:
-    """What this card changes in notebook 05's plan, one line each (nothing on sm_80 and up, or on a CPU)."""
+    """What this card changes in notebook 05's plan, one note each, wrapped to 116 characters a line (nothing on
+    sm_80 and up, or on a CPU)."""
     if card is None or card.triton_tensor_cores:
         return []
-    return [f"{card.slow_triton_reason()}: these kernels run slower than on an sm_80 or newer card, so timings use "
-            f"fp16 and sequences stop at S = {SLOW_CARD_MAX_S:,}",
+    slow = (f"{card.slow_triton_reason()}: these kernels run slower than on an sm_80 or newer card, so timings use "
+            f"fp16 and sequences stop at S = {SLOW_CARD_MAX_S:,}")
+    return [textwrap.fill(slow, 116, subsequent_indent="  "),
             f"{card.name}: {' and '.join(SM80_IMPLS)} left out (SDPA has those backends from sm_80 on)"]
 
 
