@@ -43,9 +43,12 @@ ROW_SUM = CodeCheck(
                     "`r * n_cols`? Do masked lanes load 0 (`other=0.0`)? If only the bfloat16 cases fail: convert "
                     "the loaded values with `.to(tl.float32)` before `tl.sum` (the interpreter's bfloat16 "
                     "arithmetic is wrong, and a float32 sum is the accurate one anyway).",
-           "unwritten": "Some rows were never written: launch one program per row, grid `(x.shape[0],)`.",
-           "raised": "`tl.arange` needs a power-of-two length: use `BLOCK = triton.next_power_of_2(n_cols)` "
-                     "and mask the extra lanes."})
+           "unwritten": "NaN in the result: either some rows were never written (launch one program per row, grid "
+                        "`(x.shape[0],)`), or an unmasked load read past the tensor, where memory can hold NaN: "
+                        "mask every load, with `other=0.0`.",
+           "raised": "Read the message above. `tl.arange` needs a power-of-two length (use `BLOCK = "
+                     "triton.next_power_of_2(n_cols)` and mask the extra lanes), and `tl.load(..., other=...)` "
+                     "needs a `mask=` too."})
 
 
 def _bytes_read() -> tuple[float, str]:

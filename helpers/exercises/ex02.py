@@ -126,7 +126,8 @@ MATMUL = CodeCheck(
            "unwritten": "NaN in the result: some tiles of C were never written. How many tiles does C have along "
                         "M, and along N, counting a partial one? The grid needs a program for each, on the axis "
                         "whose program_id the kernel reads for it; and the store's mask must let every row < M and "
-                        "column < N through.",
+                        "column < N through. Or an unmasked load read past a or b, where memory can hold NaN (and "
+                        "NaN x 0 is NaN): mask every load, along K too, with `other=0.0`.",
            "raised": "Your function raised: read the message. tl.dot(a, b) takes a (BLOCK_M, BLOCK_K) tile and a "
                      "(BLOCK_K, BLOCK_N) one; two 1-D offsets make a 2-D tile of pointers with rows[:, None] and "
                      "ks[None, :]. On a GPU tl.dot needs tile sides of at least 16; on the CPU the interpreter "
