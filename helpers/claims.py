@@ -544,8 +544,8 @@ def table(notebook: str | None = None, gpu: str | None = None, load: Loader = co
 def show(notebook: str | None = None, gpu: str | None = None) -> None:
     """Print the claims that ``notebook`` tests (or all), each with its verdict, the rule and the evidence."""
     gpu = gpu or default_gpu()
-    print(f"Seed claims judged from results/{gpu}/ (a topic it lacks: the reference H100's, else the H200's; "
-          "the rule beside each verdict):")
+    print(textwrap.fill(f"Seed claims judged from results/{gpu}/ (a topic it lacks: the reference H100's, else the "
+                        "H200's; the rule beside each verdict):", 116))
     for row in table(notebook, gpu).itertuples():
         print(f"\n* {row.claim} ({row.seed}; notebook {row.notebooks})")
         for field, text in (("verdict", row.verdict), ("rule", row.rule), ("evidence", row.evidence or "-"),
