@@ -205,10 +205,10 @@ FLASH_FORWARD = CodeCheck(
     hints={"value": "Wrong values. Scores are q k^T / sqrt(D). Keys at or past S_k must weigh nothing: -inf "
                     "before the maximum, not 0. Causal: which keys may query i see when S_k != S_q? Each tile, "
                     "l and acc were summed against the old maximum: by what factor do they change when it grows "
-                    "(05.1)? And divide acc by l once, after the loop.",
+                    "(section 2's loop)? And divide acc by l once, after the loop.",
            "unwritten": "NaN in the result. Either some outputs were never written (the grid must be "
                         "(cdiv(S_q, BLOCK_M), B * H), each program storing its rows below S_q), or a row that has "
-                        "seen no key yet: its maximum is -inf, and exp(-inf - (-inf)) is NaN (05.1's case); a row "
+                        "seen no key yet: its maximum is -inf, and exp(-inf - (-inf)) is NaN (guard the exp); a row "
                         "that sees no key at all must come out 0, not 0 / 0.",
            "raised": "Your function raised: read the message. tl.dot needs tiles whose sides are all at least 16 "
                      "(BLOCK_M, BLOCK_N and D), and two operands of one dtype: the probabilities are float32, V "
