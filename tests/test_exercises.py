@@ -145,6 +145,11 @@ def gather_pages_in_pool_order(pages, table_row, length):
     return ex09.gather_request(pages, torch.arange(table_row.numel(), device=table_row.device), length)
 
 
+def gather_strided_view(pages, table_row, length):
+    """The right values as a view whose strides are not a contiguous tensor's (the task asks for one tensor)."""
+    return ex09.gather_request(pages, table_row, length).transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def gather_heads_not_moved(pages, table_row, length):
     """The pages joined without putting the heads first: heads and positions mixed up."""
     used = pages[table_row[:-(-length // pages.shape[2])].long()]
@@ -316,7 +321,7 @@ PLANTED = {
     "07.4": [rms_norm_one_program, rms_norm_mean_over_block, rms_norm_padding_unmasked, rms_norm_eps_outside_sqrt],
     "07.5": [rope_adjacent_pairs, lambda q, k, cos, sin, start: ex07.rope(q, k, cos, -sin, start),  # sign error
              lambda q, k, cos, sin, start: ex07.rope(q, k, cos, sin, 0), rope_one_program],  # positions from 0
-    "09.2": [gather_pages_in_pool_order, gather_heads_not_moved, gather_every_table_entry],
+    "09.2": [gather_pages_in_pool_order, gather_heads_not_moved, gather_every_table_entry, gather_strided_view],
     "09.3": [paged_pages_in_pool_order, paged_no_length_mask, paged_one_program],
 }
 

@@ -42,6 +42,8 @@ DEFAULT_HINTS = {
     "value": "The values differ from the reference by more than the tolerance.",
     "inputs changed": "Your function changed one of its inputs; compute into a new tensor instead.",
     "not in place": "Write into the tensors you were given (in place) and return them, rather than new tensors.",
+    "not contiguous": "Return one contiguous tensor: a permute or a transpose only changes the strides, so call "
+                      "`.contiguous()` after it (or build the result with `torch.cat` / `torch.stack`).",
 }
 
 
@@ -151,16 +153,17 @@ class CodeCheck:
     ``make_inputs(case, generator)`` returns the positional arguments (tensors on ``helpers.DEVICE``, or
     plain numbers); ``reference(*args)`` returns the expected results, float64 on the CPU for float
     outputs (a tensor or a tuple); ``dtypes(case)`` the dtype each output must have. ``in_place`` maps an
-    output index to the argument index it must be written into."""
+    output index to the argument index it must be written into; ``contiguous``: every output must be one
+    contiguous tensor, not a strided view."""
 
     def __init__(self, check_id: str, task: str, solution: Callable, make_inputs: Callable, reference: Callable,
                  cases: list[Case], out_dtypes: Callable[[Case], tuple[torch.dtype, ...]],
                  hints: dict[str, str] | None = None, in_place: dict[int, int] | None = None,
-                 tolerance: Callable[[Case], float] | None = None) -> None:
+                 tolerance: Callable[[Case], float] | None = None, contiguous: bool = False) -> None:
         self.id, self.task, self.solution = check_id, task, solution
         self.make_inputs, self.reference, self.cases, self.out_dtypes = make_inputs, reference, cases, out_dtypes
         self.hints = {**DEFAULT_HINTS, **(hints or {})}
-        self.in_place = in_place or {}
+        self.in_place, self.contiguous = in_place or {}, contiguous
         self._tolerance = tolerance or (lambda case: TOLERANCE.get(case.dtype, 0.0))
 
     def check(self, answer: Callable | None, seed: int | None = None) -> Verdict:
@@ -223,6 +226,8 @@ class CodeCheck:
                 return f"device: output {i} is on {g.device}, inputs on {args[0].device}", "-", shapes
             if i in self.in_place and g.data_ptr() != args[self.in_place[i]].data_ptr():
                 return f"not in place: output {i} is a new tensor", "-", shapes
+            if self.contiguous and not g.is_contiguous():
+                return f"not contiguous: output {i} is a strided view", "-", shapes
         for j, (before, after) in enumerate(zip(kept, args)):
             if isinstance(before, torch.Tensor) and j not in self.in_place.values() and not torch.equal(before, after):
                 return f"inputs changed: argument {j} was modified", "-", shapes

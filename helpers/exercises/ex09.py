@@ -30,7 +30,7 @@ KV_BYTES_13B = NumberCheck("09.1", "bytes of bf16 KV cache one token takes in Ll
 def gather_request(pages: torch.Tensor, table_row: torch.Tensor, length: int) -> torch.Tensor:
     """Solution of 09.2: position ``t`` of the request is row ``t % page_tokens`` of page
     ``table_row[t // page_tokens]``; returns (H_kv, length, D) in the pages' dtype."""
-    return gather_pages(pages, table_row, length)
+    return gather_pages(pages, table_row, length).contiguous()
 
 
 def _gather_inputs(case: Case, generator: torch.Generator) -> tuple:
@@ -55,14 +55,14 @@ GATHER_REQUEST = CodeCheck(
     cases=[Case(f"{p[0]} pages of {p[2]}, {n} token{'s' * (n > 1)}", dtype, {"pool": p, "length": n})
            for p, n in (((6, 2, 4, 8), 9), ((8, 1, 8, 16), 8), ((5, 3, 2, 4), 1), ((12, 2, 4, 8), 30))
            for dtype in (torch.float32, torch.bfloat16)],
-    out_dtypes=lambda case: (case.dtype,),
+    out_dtypes=lambda case: (case.dtype,), contiguous=True,
     hints={"value": "Wrong values. Position t is in page table_row[t // page_tokens] (the table, not page t // "
                     "page_tokens itself: pages are handed out in any order), at row t % page_tokens of it. "
                     "pages[i] is (H_kv, page_tokens, D): put the heads first before you join the pages.",
            "shape": "Return (H_kv, length, D): the pages a request holds cover a whole number of pages; cut "
                     "the positions past its length.",
-           "raised": "table_row is an integer tensor: index pages with table_row[:n].long(); n = ceil(length / "
-                     "page_tokens) pages."})
+           "raised": "Read the message above. A request holds only the first n = ceil(length / page_tokens) "
+                     "entries of its table row: index pages with table_row[:n]."})
 
 
 @triton.jit
