@@ -118,8 +118,7 @@ def training_plan(card: CardLimits | None, model_name: str, batches: dict[int, i
     spec, lines = spec_for(model_name, vocab_size), []
     if not card.native_bf16:
         batches = {b: min(n, SLOW_CARD_STEPS) for b, n in batches.items()}
-        lines.append(f"{card.slow_triton_reason()}: every QLoRA step (bf16) is slower, so each batch size trains at "
-                     f"most {SLOW_CARD_STEPS} steps")
+        lines.append(f"{card.slow_triton_reason()}: {SLOW_CARD_STEPS} steps at most a batch size")
     fits = {}
     for b in batches:
         need = max(step_bytes(spec, v, b, max_len) for v in VARIANTS if v != GRAPHED)
@@ -146,9 +145,8 @@ def training_plan(card: CardLimits | None, model_name: str, batches: dict[int, i
                for b in (graphed if v == GRAPHED else batches))
     hold = card.fits(held)
     if not hold:
-        lines.append(f"each variant's model is built for its own runs and freed after: the four models held "
-                     f"together beside a run need about {held / GiB:.1f} GiB, more than 85% of this card's "
-                     f"{card.memory_gib:.1f} GiB")
+        lines.append(f"each model built for its own runs, then freed: all four beside a run need about "
+                     f"{held / GiB:.1f} GiB, over 85% of this card's {card.memory_gib:.1f} GiB")
     paced = {}
     for b in sorted({min(batches), curve}):
         chosen: tuple[str, ...] = ()

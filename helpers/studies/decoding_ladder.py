@@ -46,8 +46,7 @@ def ladder_plan(card: CardLimits | None, names: list[str], vocab_size: int,
         return list(names), []
     keep, lines = [], []
     if not card.native_bf16:
-        lines.append(f"{card.slow_triton_reason()}: every rung of the (bf16) decoder runs slower than on an sm_80 "
-                     "or newer card")
+        lines.append(f"{card.slow_triton_reason()}: every (bf16) rung runs slower than on an sm_80 card")
     for name in names:
         need = ladder_bytes(spec_for(name, vocab_size), max_len)
         if card.fits(need):
