@@ -304,7 +304,7 @@ def memory_wall(load: Loader, gpu: str) -> Verdict:
 SEED_SETTING = {"attn": "eager", "lora_r": 16}  # notebook 06's main setting, the seed's (LoRA r = 16)
 
 
-def _sweep(load: Loader, gpu: str) -> list[dict] | None:
+def seed_sweep(load: Loader, gpu: str) -> list[dict] | None:
     """The sweep's records in the seed's setting, each re-timed point's times in place of the sweep's own."""
     res = load("finetune", gpu)
     if res is None:
@@ -335,7 +335,7 @@ def a100_small_batches(load: Loader, gpu: str) -> Verdict:
                        "no measured part-by-part step model; the step model fitted to the sweep's step times "
                        "has no bandwidth term that the data can separate, so it ranks the card with more FLOP/s "
                        "first whatever the cards' bandwidths: it cannot rank the A100 against the Ada")
-    main = _sweep(load, gpu)
+    main = seed_sweep(load, gpu)
     if main is None:
         return Verdict(UNDECIDED, rule, {}, "no sweep (finetune.json): the step model's error is not measured")
     here = _card(parts)
@@ -373,7 +373,7 @@ def oom_7b(load: Loader, gpu: str) -> Verdict:
     rule = ("7B in notebook 06's seed setting (eager attention, r = 16): the first batch that runs out of memory "
             "under a 40 GiB cap (the A100 stand-in) is 20-27 and comes before any under 48 GiB: confirmed; "
             "the 40 GiB cap fails first, at another batch: partly; otherwise: refuted")
-    main = _sweep(load, gpu)
+    main = seed_sweep(load, gpu)
     if main is None:
         return _missing(rule, "finetune")
     if analysis.status(main, "7b", 1, 40) is None or analysis.status(main, "7b", 1, 48) is None:
@@ -391,7 +391,7 @@ def only_48gb_70b(load: Loader, gpu: str) -> Verdict:
     rule = ("70B in the seed setting (4-bit, r = 16): out of memory at batch 1 under a 40 GiB cap, trains at "
             "batch 1 under 48 GiB and not at batch 2: confirmed; 40 GiB fails and 48 GiB trains batch 1 but "
             "also batch 2: partly; 40 GiB trains or 48 GiB fails at batch 1: refuted")
-    main = _sweep(load, gpu)
+    main = seed_sweep(load, gpu)
     if main is None:
         return _missing(rule, "finetune")
     got = {"batch 1 under 40 GiB": analysis.status(main, "70b", 1, 40),

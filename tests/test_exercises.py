@@ -453,14 +453,14 @@ def test_notebook_00_carries_its_exercises():
     assert ids and ids_in_notebook("00") == ids
 
 
-@pytest.mark.parametrize("number", ["04a", "04b", "05a", "07a", "07b"])
+@pytest.mark.parametrize("number", ["04a", "04b", "05a", "06a", "07a", "07b", "07c"])
 def test_appendix_notebook_carries_its_exercise(number):
     ids = {i for i in CHECKS if i.startswith(number + ".")}
     assert ids and ids_in_notebook(number) == ids
 
 
 def test_every_check_is_in_a_notebook():
-    appendix = ["04a", "04b", "05a", "07a", "07b"]
+    appendix = ["04a", "04b", "05a", "06a", "07a", "07b", "07c"]
     named = set().union(*(ids_in_notebook(n) for n in [f"{n:02d}" for n in range(0, 11)] + appendix))
     assert set(CHECKS) <= named, f"not in any notebook: {sorted(set(CHECKS) - named)}"
 

@@ -59,5 +59,5 @@ def test_readme_counts_the_exercises_there_are():
 
     readme = (results.REPO_ROOT / "README.md").read_text()
     code = sum(isinstance(check, CodeCheck) for check in CHECKS.values())
-    assert f"exercises ({len(CHECKS)} in all): {code} ask you to write" in " ".join(readme.split())
+    assert f"The notebooks hold {len(CHECKS)} exercises: {code} ask you to write" in " ".join(readme.split())
     assert f"; {len(CHECKS) - code} ask you to predict" in " ".join(readme.split())
