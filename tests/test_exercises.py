@@ -132,6 +132,13 @@ def write_kv_next_position(k_cache, v_cache, k, v, pos):
     return ex07.write_kv(k_cache, v_cache, k, v, (pos + 1) % k_cache.shape[2])
 
 
+def write_kv_read_on_the_host(k_cache, v_cache, k, v, pos):
+    """Right values, but the position read on the host: a CUDA graph would replay the first step's forever."""
+    k_cache[:, :, pos.item()] = k[:, :, 0]
+    v_cache[:, :, pos.item()] = v[:, :, 0]
+    return k_cache, v_cache
+
+
 def write_kv_swapped(k_cache, v_cache, k, v, pos):
     return ex07.write_kv(k_cache, v_cache, v, k, pos)
 
@@ -317,7 +324,7 @@ PLANTED = {
     "05.4": [flash_unguarded_exp, lambda q, k, v, causal: ex05.flash_forward(q, k, v, False),  # no causal mask
              flash_one_program],
     "07.1": [nf4_low_nibble_first, nf4_block_of_byte],
-    "07.2": [write_kv_next_position, write_kv_swapped, write_kv_new_tensors],
+    "07.2": [write_kv_next_position, write_kv_swapped, write_kv_new_tensors, write_kv_read_on_the_host],
     "07.4": [rms_norm_one_program, rms_norm_mean_over_block, rms_norm_padding_unmasked, rms_norm_eps_outside_sqrt],
     "07.5": [rope_adjacent_pairs, lambda q, k, cos, sin, start: ex07.rope(q, k, cos, -sin, start),  # sign error
              lambda q, k, cos, sin, start: ex07.rope(q, k, cos, sin, 0), rope_one_program],  # positions from 0

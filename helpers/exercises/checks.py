@@ -13,6 +13,7 @@ import math
 import secrets
 import textwrap
 import traceback
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -141,9 +142,9 @@ def _raised_by(answer: Callable, error: BaseException) -> bool:
 
 def _learner_line(error: BaseException) -> str:
     """Where in the learner's own code ``error`` was raised: the deepest frame outside the installed
-    packages and this module, as " (line N: code)"; empty if there is none."""
+    packages and this package's checks, as " (line N: code)"; empty if there is none."""
     frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if "site-packages" not in f.filename and f.filename != __file__]
+              if "site-packages" not in f.filename and Path(f.filename).parent != Path(__file__).parent]
     return f" (line {frames[-1].lineno}: {(frames[-1].line or '').strip()[:60]})" if frames else ""
 
 

@@ -61,17 +61,29 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     return k_cache, v_cache
 
 
+class GraphPosition(torch.Tensor):
+    """The step's position as a CUDA graph holds it: a tensor it reads at every replay. Reading it on the host
+    (``int(pos)``, ``pos.item()``, ``pos.tolist()``) would freeze one step's value into the graph, so here it
+    raises."""
+
+    def _read_on_the_host(self, *args, **kwargs):
+        raise RuntimeError("pos read on the host (int(pos), pos.item(), pos.tolist()): a CUDA graph would keep "
+                           "that one value")
+
+    item = tolist = __int__ = __index__ = _read_on_the_host
+
+
 def _kv_inputs(case: Case, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
     b, h, max_len, d = case.params["cache"]
     caches = [torch.randn(b, h, max_len, d, generator=generator).to(case.dtype) for _ in range(2)]  # earlier steps
     step = [torch.randn(b, h, 1, d, generator=generator).to(case.dtype) for _ in range(2)]
-    pos = torch.tensor([case.params["pos"]])
-    return tuple(on_device(t) for t in (*caches, *step, pos))
+    pos = on_device(torch.tensor([case.params["pos"]])).as_subclass(GraphPosition)
+    return (*(on_device(t) for t in (*caches, *step)), pos)
 
 
 def _kv_reference(k_cache, v_cache, k, v, pos) -> tuple[torch.Tensor, torch.Tensor]:
     k_ref, v_ref = k_cache.detach().cpu().double().clone(), v_cache.detach().cpu().double().clone()
-    p = int(pos.item())
+    p = int(pos.as_subclass(torch.Tensor).item())
     k_ref[:, :, p] = k.detach().cpu().double()[:, :, 0]
     v_ref[:, :, p] = v.detach().cpu().double()[:, :, 0]
     return k_ref, v_ref
@@ -90,8 +102,9 @@ WRITE_KV = CodeCheck(
                     "V to v_cache.",
            "not in place": "A static cache is allocated once: write into it (k_cache.index_copy_(2, pos, k), or "
                            "k_cache[:, :, pos] = k) and return the same tensors; torch.cat makes new ones.",
-           "raised": "pos is a one-element tensor (so one CUDA graph serves every step): index with it directly, "
-                     "or take int(pos) outside a graph."})
+           "raised": "pos is a one-element tensor so that one CUDA graph serves every step: index with it directly "
+                     "(k_cache.index_copy_(2, pos, k), or k_cache[:, :, pos] = k), never through int(pos) or "
+                     "pos.item()."})
 
 
 def _roofline_tokens() -> tuple[float, str]:
