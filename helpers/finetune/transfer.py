@@ -1,0 +1,101 @@
+"""The step model tested across GPUs: built from one GPU's measured step parts, it predicts another GPU's
+steps, and a bar fixed before that GPU measured anything says whether the prediction holds.
+
+:func:`rows` sets each predicted step (and, where the other GPU measured its step parts, each part) beside the
+measured one; :func:`judge` holds them to the bar (:data:`BAR`).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from ..datasheets import GpuSpec
+from .step_model import PARTS, StepModel, validate
+
+
+@dataclass(frozen=True)
+class Bar:
+    """What the step model must achieve on the GPU it did not see: the median over the points of the step
+    time's relative error at most ``median_step_error``; every part taking more than ``part_share`` of the
+    measured step within ``part_error`` of its measured time."""
+
+    median_step_error: float
+    part_share: float
+    part_error: float
+
+    def rule(self) -> str:
+        return (f"median |step-time error| over the points measured on both GPUs <= {self.median_step_error:.0%}, "
+                f"and every step part above {self.part_share:.0%} of the measured step within "
+                f"{self.part_error:.0%} of its measured time: passed; otherwise (or with no point or no part "
+                "measured on the target): failed")
+
+
+# Pre-registered on 2026-12-06 (issue 50), before any step part or re-timed step was measured on the H100:
+# the bar the H200-built model must clear on the H100 (and back). Do not move it after seeing the H100's data.
+BAR = Bar(median_step_error=0.15, part_share=0.10, part_error=0.25)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """Whether rows clear a bar, and why: each criterion's line (the failing ones first)."""
+
+    passed: bool
+    reasons: tuple[str, ...]
+
+
+def rows(step_model: StepModel, target: GpuSpec, target_sweep: list[dict], target_parts: list[dict],
+         fit_sweep: list[dict] | None = None) -> list[dict]:
+    """One row per model and batch the target's sweep measured (and ``fit_sweep`` too, where given): the
+    target's measured step (median over its runs, as :func:`step_model.validate` groups them), the step
+    predicted on ``target`` at that median padded length, their relative error, and the fit GPU's own measured
+    step. Where ``target_parts`` (``train_parts`` records) measured that point, each part's predicted and
+    measured milliseconds (the prediction at the parts record's own padded length), its share of the
+    measured step (the parts' sum) and its relative error; None elsewhere."""
+    parts_at = {(r["model"], r["batch_size"]): r for r in target_parts if r.get("what") == "train_parts"}
+    fit_at = {(r["model"], r["batch"]): r["measured s"] for r in validate(step_model, fit_sweep or [])}
+    out = []
+    for v in validate(step_model, target_sweep):
+        point = (v["model"], v["batch"])
+        if fit_sweep is not None and point not in fit_at:
+            continue
+        predicted = step_model.predict(v["model"], v["batch"], v["mean_padded_len"], target)["step_s"]
+        row = {k: v[k] for k in ("model", "batch", "mean_padded_len", "runs", "measured s", "min s", "max s")}
+        row.update({"predicted s": predicted, "error": predicted / v["measured s"] - 1,
+                    "fit measured s": fit_at.get(point)})
+        measured = parts_at.get(point)
+        row["parts mean_padded_len"] = measured["mean_padded_len"] if measured else None
+        guess = step_model.predict(*point, measured["mean_padded_len"], target) if measured else {}
+        total = sum(measured[f"{p} ms"] for p in PARTS) if measured else None
+        for p in PARTS:
+            ms = measured[f"{p} ms"] if measured else None
+            row[f"{p} predicted ms"] = 1e3 * guess[p] if measured else None
+            row[f"{p} measured ms"] = ms
+            row[f"{p} share"] = ms / total if measured else None
+            row[f"{p} error"] = 1e3 * guess[p] / ms - 1 if measured and ms > 0 else None
+        out.append(row)
+    return out
+
+
+def judge(table: list[dict], bar: Bar = BAR) -> Judgement:
+    """``table`` (:func:`rows`) against ``bar``: the median absolute step error, then every part above the
+    bar's share of its measured step. No row, or no part measured at all, fails: the bar was not tested."""
+    if not table:
+        return Judgement(False, ("no point measured on both GPUs",))
+    failed, passed = [], []
+    median = statistics.median(abs(r["error"]) for r in table)
+    line = f"median |step error| {median:.1%} over {len(table)} points"
+    if median <= bar.median_step_error:
+        passed.append(f"{line} <= {bar.median_step_error:.0%}")
+    else:
+        failed.append(f"{line} > {bar.median_step_error:.0%}")
+    checked = [(r, p) for r in table for p in PARTS if r[f"{p} share"] is not None and r[f"{p} share"] > bar.part_share]
+    if not any(r[f"{p} share"] is not None for r in table for p in PARTS):
+        failed.append("no step part measured on the target: the parts' bar is not tested")
+    for r, p in checked:
+        error = r[f"{p} error"]
+        what = f"{r['model']} batch {r['batch']}: {p} ({r[f'{p} share']:.0%} of the step) off by {error:+.0%}"
+        if abs(error) <= bar.part_error:
+            passed.append(f"{what} <= {bar.part_error:.0%}")
+        else:
+            failed.append(f"{what} > {bar.part_error:.0%}")
+    return Judgement(not failed, tuple(failed + passed))

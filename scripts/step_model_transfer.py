@@ -1,0 +1,160 @@
+"""The step model built on one GPU's step parts, tested on another GPU's measured steps against a bar set before
+that GPU measured them (``helpers.finetune.transfer.BAR``).
+
+    python scripts/step_model_transfer.py [--fit h200] [--target h100-80gb-hbm3]
+    python scripts/step_model_transfer.py --retime [--fit h200] [--budget-s 480]   # on the target GPU
+
+Reads the committed results of both GPU folders: the fit GPU's ``step_parts.json`` (the model) and sweep
+(``finetune.json`` with ``finetune_timing.json``'s re-timed steps, notebook 06's seed setting), the target's
+``step_parts.json`` and re-timed steps (its own sweep where it has one). Prints a row per point measured on
+both GPUs and the verdict with its rule, and saves ``results/<target>/step_model_validation.json`` when run on
+the target GPU (``helpers.results.save`` writes this machine's folder; on a CPU, ``.smoke-results/``).
+Where the target lacks the measurements, exits with status 2 and the commands to run on it first.
+
+``--retime``: on the target GPU, re-time the points the fit GPU re-timed (``helpers.finetune.retime``, resumable:
+run again until none is left), since the target may have no sweep of its own to re-time.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import statistics
+import sys
+import textwrap
+
+import helpers  # first: on a machine without a GPU it sets the Triton interpreter up
+from helpers import claims, datasheets, results
+from helpers.finetune import point_spec, retime, step_model, transfer
+
+TOPIC = "step_model_validation"
+SESSION_GAP_S = 600  # consecutive re-timed points further apart than this were measured in different sessions
+
+
+def exact(topic: str, gpu: str) -> results.Result | None:
+    """``results/<gpu>/<topic>.json`` itself (no other GPU's in its place), or None."""
+    try:
+        return results.load(topic, gpu)
+    except FileNotFoundError:
+        return None
+
+
+def own_timing(topic: str, gpu: str) -> results.Result | None:
+    """A loader for ``claims.seed_sweep``: where ``gpu`` has no sweep, its re-timed points stand for it."""
+    return exact(topic, gpu) or (exact(retime.TOPIC, gpu) if topic == "finetune" else None)
+
+
+def card(gpu: str) -> datasheets.GpuSpec:
+    """The datasheet row of the GPU that measured the folder ``gpu`` (its device.json's provenance)."""
+    name = results.load("device", gpu).provenance["gpu"]
+    spec = datasheets.lookup(name)
+    if spec is None:
+        raise SystemExit(f"no datasheet row for {name} ({gpu})")
+    return spec
+
+
+def train_parts(gpu: str) -> list[dict]:
+    parts = exact("step_parts", gpu)
+    return [r for r in parts.records if r.get("what") == "train_parts"] if parts else []
+
+
+def retime_estimate(records: list[dict]) -> str:
+    """How long re-timing ``records``' points took, from their ``measured_at``: each session's span plus its
+    first point's steps (that point's model build is not recorded)."""
+    done = sorted((r for r in records if r.get("status") == "ok"), key=lambda r: r["measured_at"])
+    if not done:
+        return "unknown"
+    total = (done[0]["warmup_steps"] + done[0]["timed_steps"]) * done[0]["step_s"]
+    for before, r in zip(done, done[1:]):
+        gap = (dt.datetime.fromisoformat(r["measured_at"]) - dt.datetime.fromisoformat(before["measured_at"]))
+        seconds = gap.total_seconds()
+        total += seconds if seconds < SESSION_GAP_S else (r["warmup_steps"] + r["timed_steps"]) * r["step_s"]
+    return f"about {total / 60:.0f} min plus a model build a session"
+
+
+def parts_estimate(parts: list[dict]) -> str:
+    """A lower bound on measuring ``parts``' points again: their timed and profiled steps (builds not recorded)."""
+    if not parts:
+        return "unknown"
+    return f"at least {sum(2 * r['timed_steps'] * r['step_s_mean'] for r in parts) / 60:.1f} min of steps plus builds"
+
+
+def missing(fit: str, target: str) -> str | None:
+    """One line naming what to run on the target GPU before the test can run, or None if nothing is missing."""
+    todo = []
+    fit_parts = train_parts(fit)
+    if not train_parts(target):
+        points = " ".join(f"{r['model']}:{r['batch_size']}" for r in fit_parts)
+        timed = max((r["timed_steps"] for r in fit_parts), default=10)
+        todo.append(f"`python scripts/step_parts.py --train {points} --timed {timed} --contexts --graphed-contexts` "
+                    f"({parts_estimate(fit_parts)} on the {fit})")
+    if claims.seed_sweep(own_timing, target) is None:
+        timing = exact(retime.TOPIC, fit)
+        todo.append(f"`python scripts/step_model_transfer.py --retime --fit {fit} --budget-s 480` until none is "
+                    f"left ({retime_estimate(timing.records if timing else [])} on the {fit})")
+    if not todo:
+        return None
+    return f"{target} lacks the measurements to test the step model on: on the {target} GPU run " + ", then ".join(todo)
+
+
+def retime_here(fit: str, budget_s: float) -> None:
+    """Re-time on this GPU the points ``fit`` re-timed, saving them to this GPU's ``finetune_timing.json``."""
+    if not helpers.HAS_CUDA or helpers.SCALE != "full":
+        raise SystemExit("--retime measures this GPU: run it on the target GPU at full scale")
+    timing = exact(retime.TOPIC, fit)
+    if timing is None:
+        raise SystemExit(f"{fit} has no re-timed points (results/{fit}/{retime.TOPIC}.json) to re-time here")
+    points = point_spec.full_plan()
+    records = retime.run(points, timing.records, budget_s=budget_s)
+    left = [p for p in retime.todo(points, timing.records) if p.key() not in {r["point"] for r in records}]
+    print(f"{len(records)} re-timed points saved to {results.path_for(retime.TOPIC)}; {len(left)} left")
+
+
+def report(table: list[dict], verdict: transfer.Judgement, fit: str, target: str) -> None:
+    print(f"step model fit on {fit}, predicting {target}")
+    print(f"{'model':>5} {'batch':>5} {'measured s':>10} {'predicted s':>11} {'error':>7} {'fit s':>7}  "
+          f"parts above {transfer.BAR.part_share:.0%} of the step (share) error")
+    for r in table:
+        parts = ", ".join(f"{p} ({r[f'{p} share']:.0%}) {r[f'{p} error']:+.0%}" for p in step_model.PARTS
+                          if r[f"{p} error"] is not None and r[f"{p} share"] > transfer.BAR.part_share)
+        fit_s = f"{r['fit measured s']:7.3f}" if r["fit measured s"] is not None else f"{'-':>7}"
+        print(f"{r['model']:>5} {r['batch']:>5} {r['measured s']:10.3f} {r['predicted s']:11.3f} {r['error']:+7.1%} "
+              f"{fit_s}  {parts or '-'}")
+    print(textwrap.fill(f"rule: {transfer.BAR.rule()}", 116, subsequent_indent="  "))
+    print(f"verdict: {'PASSED' if verdict.passed else 'FAILED'}")
+    for reason in verdict.reasons:
+        print(f"  {reason}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fit", default=results.SECOND_GPU, help="GPU folder whose step parts build the model")
+    parser.add_argument("--target", default=results.REFERENCE_GPU, help="GPU folder whose steps are predicted")
+    parser.add_argument("--retime", action="store_true", help="re-time the fit GPU's points on this GPU, then stop")
+    parser.add_argument("--budget-s", type=float, default=None, help="--retime: start no point after this long")
+    args = parser.parse_args(argv)
+    if args.retime:
+        retime_here(args.fit, args.budget_s)
+        return 0
+    line = missing(args.fit, args.target)
+    if line:
+        print(line, file=sys.stderr)
+        return 2
+    fit_parts = exact("step_parts", args.fit)
+    model = step_model.StepModel.from_records(fit_parts.records, card(args.fit))
+    table = transfer.rows(model, card(args.target), claims.seed_sweep(own_timing, args.target),
+                          train_parts(args.target), claims.seed_sweep(exact, args.fit))
+    verdict = transfer.judge(table)
+    report(table, verdict, args.fit, args.target)
+    if helpers.SCALE == "full" and results.gpu_slug() != args.target:
+        print(f"not saved: results.save writes this machine's folder ({results.gpu_slug()}), not {args.target}'s")
+        return 0
+    bar = {f"bar {k.replace('_', ' ')}": v for k, v in dataclasses.asdict(transfer.BAR).items()}
+    records = [{"fit_gpu": args.fit, "target_gpu": args.target, **r, "passed": verdict.passed, **bar} for r in table]
+    print(f"wrote {results.save(TOPIC, records)}; median |error| "
+          f"{statistics.median(abs(r['error']) for r in table):.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
