@@ -73,10 +73,11 @@ def retime_estimate(records: list[dict]) -> str:
 
 
 def parts_estimate(parts: list[dict]) -> str:
-    """A lower bound on measuring ``parts``' points again: their timed and profiled steps (builds not recorded)."""
-    if not parts:
-        return "unknown"
-    return f"at least {sum(2 * r['timed_steps'] * r['step_s_mean'] for r in parts) / 60:.1f} min of steps plus builds"
+    """A lower bound on measuring ``parts`` (a step_parts file's records) again: the training points' timed and
+    profiled steps and the decoders' timed tokens (warm-up, profiler and model builds are not recorded)."""
+    seconds = sum(2 * r["timed_steps"] * r["step_s_mean"] if r.get("what") == "train_parts"
+                  else r.get("rounds", 0) * r.get("new_tokens", 0) * r.get("s_per_token", 0.0) for r in parts)
+    return f"at least {seconds / 60:.1f} min of steps and tokens plus model builds" if seconds else "unknown"
 
 
 def missing(fit: str, target: str) -> str | None:
@@ -86,15 +87,17 @@ def missing(fit: str, target: str) -> str | None:
     if not train_parts(target):
         points = " ".join(f"{r['model']}:{r['batch_size']}" for r in fit_parts)
         timed = max((r["timed_steps"] for r in fit_parts), default=10)
-        todo.append(f"`python scripts/step_parts.py --train {points} --timed {timed} --contexts --graphed-contexts` "
-                    f"({parts_estimate(fit_parts)} on the {fit})")
+        every = exact("step_parts", fit)
+        todo.append(f"`python scripts/step_parts.py --train {points} --timed {timed}` (its decode parts too; "
+                    f"{parts_estimate(every.records if every else [])} on the {fit})")
     if claims.seed_sweep(own_timing, target) is None:
         timing = exact(retime.TOPIC, fit)
         todo.append(f"`python scripts/step_model_transfer.py --retime --fit {fit} --budget-s 480` until none is "
                     f"left ({retime_estimate(timing.records if timing else [])} on the {fit})")
     if not todo:
         return None
-    return f"{target} lacks the measurements to test the step model on: on the {target} GPU run " + ", then ".join(todo)
+    return (f"{target} lacks the measurements to test the step model on: on the {target} GPU run "
+            + ", then ".join(todo) + ", then this script again")
 
 
 def retime_here(fit: str, budget_s: float) -> None:
