@@ -81,9 +81,11 @@ def parts_estimate(parts: list[dict]) -> str:
 
 
 def missing(fit: str, target: str) -> str | None:
-    """One line naming what to run on the target GPU before the test can run, or None if nothing is missing."""
-    todo = []
+    """One line naming what to run on the target (or fit) GPU before the test can run, or None if nothing is."""
     fit_parts = train_parts(fit)
+    if not fit_parts:
+        return f"{fit} has no train_parts to build the step model from: run scripts/step_parts.py on the {fit} GPU"
+    todo = []
     if not train_parts(target):
         points = " ".join(f"{r['model']}:{r['batch_size']}" for r in fit_parts)
         timed = max((r["timed_steps"] for r in fit_parts), default=10)
@@ -149,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
                           train_parts(args.target), claims.seed_sweep(exact, args.fit))
     verdict = transfer.judge(table)
     report(table, verdict, args.fit, args.target)
+    if not table:
+        print(f"not saved: no point measured on both {args.fit} and {args.target}")
+        return 0
     if helpers.SCALE == "full" and results.gpu_slug() != args.target:
         print(f"not saved: results.save writes this machine's folder ({results.gpu_slug()}), not {args.target}'s")
         return 0

@@ -114,6 +114,8 @@ def test_the_script_names_what_to_run_where_the_target_lacks_data(tmp_path):
     assert "\n" not in line and line.startswith("h100-80gb-hbm3 lacks")
     assert "python scripts/step_parts.py --train 7b:1 7b:4 7b:16 --timed 10" in line
     assert "python scripts/step_model_transfer.py --retime --fit h200" in line and "min" in line
+    back = script(tmp_path, "--fit", "h100-80gb-hbm3", "--target", "h200")  # the reverse: no H100 model yet
+    assert back.returncode == 2 and back.stderr.startswith("h100-80gb-hbm3 has no train_parts")
     (tmp_path / "h100-80gb-hbm3").mkdir()  # step parts measured there, steps not re-timed yet: only the re-timing
     shutil.copy(tmp_path / "h200" / "step_parts.json", tmp_path / "h100-80gb-hbm3" / "step_parts.json")
     done = script(tmp_path)
