@@ -344,6 +344,14 @@ def test_solution_passes(check_id, capsys):
     assert check.check(check.solution).passed is True, capsys.readouterr().out
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("check_id", CODE_IDS)
+def test_solution_compiles_and_passes_on_the_gpu(check_id, capsys):
+    """The interpreter runs kernels that a GPU compile refuses (a loop-carried value changing its type, say):
+    every code exercise's solution, compiled for this GPU and checked at full scale."""
+    test_solution_passes(check_id, capsys)
+
+
 @pytest.mark.parametrize("check_id", CODE_IDS)
 def test_code_check_fails_wrong_answers(check_id, capsys):
     check = CHECKS[check_id]
