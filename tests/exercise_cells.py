@@ -21,11 +21,22 @@ def code_cells(notebook: Path) -> list[str]:
     return ["".join(c["source"]) for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
 
 
+def notebook_of(exercise: str) -> Path:
+    """The notebook whose cells check ``exercise`` (e.g. "02.4")."""
+    return next(p for p in sorted((REPO_ROOT / "notebooks").rglob("*.ipynb"))
+                if any(f'CHECKS["{exercise}"].check' in cell for cell in code_cells(p)))
+
+
 def exercise_cells(notebook: Path, exercise: str) -> tuple[str, str]:
-    """The skeleton cell of ``exercise`` (e.g. "02.4") in ``notebook`` and its check cell, the one after it."""
+    """The skeleton cell of ``exercise`` (e.g. "02.4") in ``notebook`` and its check cell, the one after it: the
+    cells a learner runs for the exercise after a kernel restart. Where the two do not import ``CHECKS``
+    themselves, the skeleton comes after the import cell of its Exercises section."""
     cells = code_cells(notebook)
     check = next(i for i, s in enumerate(cells) if f'CHECKS["{exercise}"].check' in s)
-    return cells[check - 1], cells[check]
+    skeleton = cells[check - 1]
+    if "import CHECKS" not in skeleton + cells[check]:
+        skeleton = next(c for c in reversed(cells[:check - 1]) if "import CHECKS" in c) + "\n" + skeleton
+    return skeleton, cells[check]
 
 
 def _run_alone(source: str) -> str:

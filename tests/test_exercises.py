@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from exercise_cells import exercise_cells, notebook_of, run_exercise
 
 import helpers  # noqa: F401  (before triton: switches it to the interpreter without a GPU)
 import triton
@@ -342,6 +343,17 @@ def test_every_code_exercise_has_planted_bugs():
 def test_solution_passes(check_id, capsys):
     check = CHECKS[check_id]
     assert check.check(check.solution).passed is True, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check_id", CODE_IDS)
+def test_exercise_cells_run_alone_after_a_restart(check_id):
+    """A learner who restarts the kernel and runs only an exercise's cells gets "not attempted yet", and helpers
+    is imported before triton (without a GPU it switches Triton to its interpreter, which must happen first)."""
+    notebook = notebook_of(check_id)
+    skeleton, _ = exercise_cells(notebook, check_id)
+    if "import triton" in skeleton:
+        assert skeleton.index("helpers") < skeleton.index("import triton"), skeleton
+    assert f"{check_id}: not attempted yet" in run_exercise(notebook, check_id)
 
 
 @pytest.mark.gpu
