@@ -212,6 +212,15 @@ def load(topic: str, gpu: str | None = None, scale: str = "full") -> Result:
     return Result(path, data["provenance"], data["records"])
 
 
+def find(topic: str, gpu: str) -> Result | None:
+    """``results/<gpu>/<topic>.json`` itself, or None where that GPU has no run of it yet (no other GPU's file in
+    its place: that is :func:`source_gpu`'s choice)."""
+    try:
+        return load(topic, gpu=gpu)
+    except FileNotFoundError:
+        return None
+
+
 def reference(topic: str) -> Result:
     """The committed run of ``topic`` to show beside a learner's own: the reference H100's, else the H200's.
 

@@ -31,17 +31,9 @@ TOPIC = "step_model_validation"
 SESSION_GAP_S = 600  # consecutive re-timed points further apart than this were measured in different sessions
 
 
-def exact(topic: str, gpu: str) -> results.Result | None:
-    """``results/<gpu>/<topic>.json`` itself (no other GPU's in its place), or None."""
-    try:
-        return results.load(topic, gpu)
-    except FileNotFoundError:
-        return None
-
-
 def own_timing(topic: str, gpu: str) -> results.Result | None:
     """A loader for ``claims.seed_sweep``: where ``gpu`` has no sweep, its re-timed points stand for it."""
-    return exact(topic, gpu) or (exact(retime.TOPIC, gpu) if topic == "finetune" else None)
+    return results.find(topic, gpu) or (results.find(retime.TOPIC, gpu) if topic == "finetune" else None)
 
 
 def card(gpu: str) -> datasheets.GpuSpec:
@@ -54,7 +46,7 @@ def card(gpu: str) -> datasheets.GpuSpec:
 
 
 def train_parts(gpu: str) -> list[dict]:
-    parts = exact("step_parts", gpu)
+    parts = results.find("step_parts", gpu)
     return [r for r in parts.records if r.get("what") == "train_parts"] if parts else []
 
 
@@ -89,11 +81,11 @@ def missing(fit: str, target: str) -> str | None:
     if not train_parts(target):
         points = " ".join(f"{r['model']}:{r['batch_size']}" for r in fit_parts)
         timed = max((r["timed_steps"] for r in fit_parts), default=10)
-        every = exact("step_parts", fit)
+        every = results.find("step_parts", fit)
         todo.append(f"`python scripts/step_parts.py --train {points} --timed {timed}` (its decode parts too; "
                     f"{parts_estimate(every.records if every else [])} on the {fit})")
     if claims.seed_sweep(own_timing, target) is None:
-        timing = exact(retime.TOPIC, fit)
+        timing = results.find(retime.TOPIC, fit)
         todo.append(f"`python scripts/step_model_transfer.py --retime --fit {fit} --budget-s 480` until none is "
                     f"left ({retime_estimate(timing.records if timing else [])} on the {fit})")
     if not todo:
@@ -106,7 +98,7 @@ def retime_here(fit: str, budget_s: float) -> None:
     """Re-time on this GPU the points ``fit`` re-timed, saving them to this GPU's ``finetune_timing.json``."""
     if not helpers.HAS_CUDA or helpers.SCALE != "full":
         raise SystemExit("--retime measures this GPU: run it on the target GPU at full scale")
-    timing = exact(retime.TOPIC, fit)
+    timing = results.find(retime.TOPIC, fit)
     if timing is None:
         raise SystemExit(f"{fit} has no re-timed points (results/{fit}/{retime.TOPIC}.json) to re-time here")
     points = point_spec.full_plan()
@@ -145,10 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     if line:
         print(line, file=sys.stderr)
         return 2
-    fit_parts = exact("step_parts", args.fit)
+    fit_parts = results.find("step_parts", args.fit)
     model = step_model.StepModel.from_records(fit_parts.records, card(args.fit))
     table = transfer.rows(model, card(args.target), claims.seed_sweep(own_timing, args.target),
-                          train_parts(args.target), claims.seed_sweep(exact, args.fit))
+                          train_parts(args.target), claims.seed_sweep(results.find, args.fit))
     verdict = transfer.judge(table)
     report(table, verdict, args.fit, args.target)
     if not table:

@@ -24,13 +24,6 @@ START, END = "<!-- results-table -->", "<!-- /results-table -->"
 CLAIMS_START, CLAIMS_END = "<!-- claims-table -->", "<!-- /claims-table -->"
 
 
-def _load(topic: str, gpu: str) -> results.Result | None:
-    try:
-        return results.load(topic, gpu=gpu)
-    except FileNotFoundError:
-        return None
-
-
 def _ceilings(res: results.Result, spec: datasheets.GpuSpec | None) -> list[tuple[str, str, str]]:
     copy = res.where(what="copy")[0]["gbps"]
     bf16 = res.where(what="matmul", dtype="bf16")[0]["tflops"]
@@ -264,7 +257,7 @@ def summary_figure(gpu: str) -> Path | None:
 
     from helpers.plots import use_course_style
 
-    attention, fused = _load("flash_attention", gpu), _load("fused_bias_gelu_layernorm", gpu)
+    attention, fused = results.find("flash_attention", gpu), results.find("fused_bias_gelu_layernorm", gpu)
     if attention is None or fused is None:
         return None
     use_course_style()
@@ -310,23 +303,23 @@ HEADLINES = ("device copy bandwidth", "bf16 matmul",
 
 def table_rows(gpu: str) -> tuple[list[Row], list[str]]:
     """Every result row from ``results/<gpu>/`` (and ``<gpu>x2/``), and one provenance line per file read."""
-    ceilings = _load("ceilings", gpu)
+    ceilings = results.find("ceilings", gpu)
     if ceilings is None:
         return [], []
     spec = datasheets.lookup(ceilings.provenance["gpu"])
-    device = _load("device", gpu)
+    device = results.find("device", gpu)
     l2_bytes = device.records[0]["l2_bytes"] if device else int(spec.l2_mb * 2**20)
     sections = [("ceilings", ceilings, lambda r: _ceilings(r, spec), "00"),
-                ("memory_hierarchy", _load("memory_hierarchy", gpu), lambda r: _memory(r, l2_bytes), "01"),
-                ("roofline", _load("roofline", gpu), lambda r: _roofline(r, spec), "02"),
-                ("fused_bias_gelu_layernorm", _load("fused_bias_gelu_layernorm", gpu), _fused, "04"),
-                ("flash_attention", _load("flash_attention", gpu), _attention, "05"),
-                ("finetune", _load("finetune", gpu), _one_card, "06"),
-                ("decode", _load("decode", gpu), _decode, "07"),
-                ("finetune_kernels", _load("finetune_kernels", gpu), _train_kernels, "07"),
-                ("qlora_pacing", _load("qlora_pacing", gpu), _pacing, "07"),
-                ("serving", _load("serving", gpu), _serving, "09"),
-                (f"{gpu}x2/fsdp", _load("fsdp", f"{gpu}x2"), lambda r: _two_gpus(r, spec), "08")]
+                ("memory_hierarchy", results.find("memory_hierarchy", gpu), lambda r: _memory(r, l2_bytes), "01"),
+                ("roofline", results.find("roofline", gpu), lambda r: _roofline(r, spec), "02"),
+                ("fused_bias_gelu_layernorm", results.find("fused_bias_gelu_layernorm", gpu), _fused, "04"),
+                ("flash_attention", results.find("flash_attention", gpu), _attention, "05"),
+                ("finetune", results.find("finetune", gpu), _one_card, "06"),
+                ("decode", results.find("decode", gpu), _decode, "07"),
+                ("finetune_kernels", results.find("finetune_kernels", gpu), _train_kernels, "07"),
+                ("qlora_pacing", results.find("qlora_pacing", gpu), _pacing, "07"),
+                ("serving", results.find("serving", gpu), _serving, "09"),
+                (f"{gpu}x2/fsdp", results.find("fsdp", f"{gpu}x2"), lambda r: _two_gpus(r, spec), "08")]
     rows, sources = [], []
     for topic, res, make, nb in sections:
         if res is None:
@@ -355,7 +348,7 @@ def side_by_side(gpus: tuple[str, ...] = GPUS) -> tuple[list[Merged], list[str]]
 
 def gpu_label(gpu: str, mark_reference: bool = True) -> str:
     """The GPU's name from its ceilings file; a column's heading adds "(reference)" for the reference GPU."""
-    ceilings = _load("ceilings", gpu)
+    ceilings = results.find("ceilings", gpu)
     name = ceilings.provenance["gpu"].removeprefix("NVIDIA ") if ceilings else gpu
     return f"{name} (reference)" if mark_reference and gpu == results.REFERENCE_GPU else name
 
@@ -373,7 +366,7 @@ def headlines(rows: list) -> list:
 
 
 def _present(gpus: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(g for g in gpus if _load("ceilings", g) is not None)
+    return tuple(g for g in gpus if results.find("ceilings", g) is not None)
 
 
 def render(gpus: tuple[str, ...] = GPUS) -> str:
@@ -423,7 +416,7 @@ def render_claims(gpu: str = results.REFERENCE_GPU) -> str:
 
 def _gpu_tests(gpu: str) -> list[str]:
     """When the tests that only a GPU can run (``scripts/gpu_tests.py``) last ran, and what they gave."""
-    res = _load("gpu_tests", gpu)
+    res = results.find("gpu_tests", gpu)
     if res is None:
         return []
     counts: dict[str, int] = {}

@@ -61,6 +61,8 @@ def test_missing_topic_names_what_exists(tmp_results):
     (tmp_results / "h200" / "ceilings.json").write_text(json.dumps({"provenance": {}, "records": [{"a": 1}]}))
     with pytest.raises(FileNotFoundError, match="h200"):
         results.load("ceilings", gpu="l4")
+    assert results.find("ceilings", gpu="l4") is None  # no other GPU's file in its place
+    assert results.find("ceilings", gpu="h200").records == [{"a": 1}]
 
 
 def test_a_topic_is_read_from_this_gpu_then_the_reference_then_the_h200(tmp_results):

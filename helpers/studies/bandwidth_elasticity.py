@@ -420,14 +420,6 @@ def worst(statuses) -> str:
     return next((s for s in ("unknown", "same*", "same") if s in found), "unknown")
 
 
-def load(topic: str, gpu: str) -> results.Result | None:
-    """A committed topic of ``gpu``, or None where that GPU has no run of it yet."""
-    try:
-        return results.load(topic, gpu=gpu)
-    except FileNotFoundError:
-        return None
-
-
 def copy_bandwidths(slow: str = SLOW, fast: str = FAST) -> tuple[float, float]:
     """Each GPU's measured copy bandwidth (GB/s), from its committed ceilings (notebook 00)."""
     return tuple(roofline.ceiling_values(results.load("ceilings", gpu=g).records)["copy"] for g in (slow, fast))
@@ -436,11 +428,11 @@ def copy_bandwidths(slow: str = SLOW, fast: str = FAST) -> tuple[float, float]:
 def table(parts: list[Part] = PARTS, slow: str = SLOW, fast: str = FAST) -> list[Row]:
     """Every part compared between the two GPUs' committed results (parts one GPU lacks say so)."""
     bw = copy_bandwidths(slow, fast)
-    devices = tuple((got.records[0] if (got := load("device", g)) else {}) for g in (slow, fast))
+    devices = tuple((got.records[0] if (got := results.find("device", g)) else {}) for g in (slow, fast))
     cache: dict[tuple[str, str], results.Result | None] = {}
     rows = []
     for part in parts:
-        loaded = [cache.setdefault((part.topic, g), load(part.topic, g)) for g in (slow, fast)]
+        loaded = [cache.setdefault((part.topic, g), results.find(part.topic, g)) for g in (slow, fast)]
         rows.append(build_row(part, *loaded, bw, devices, (slow, fast)))
     return rows
 
@@ -448,7 +440,7 @@ def table(parts: list[Part] = PARTS, slow: str = SLOW, fast: str = FAST) -> list
 def runs(parts: list[Part] = PARTS, slow: str = SLOW, fast: str = FAST) -> list[str]:
     """One line a topic: the commit and date of each GPU's run of it, or that it has none yet."""
     def run(gpu: str, topic: str) -> str:
-        got = load(topic, gpu)
+        got = results.find(topic, gpu)
         if got is None:
             return "none yet"
         p = got.provenance
