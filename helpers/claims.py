@@ -305,12 +305,14 @@ SEED_SETTING = {"attn": "eager", "lora_r": 16}  # notebook 06's main setting, th
 
 
 def seed_sweep(load: Loader, gpu: str) -> list[dict] | None:
-    """The sweep's records in the seed's setting, each re-timed point's times in place of the sweep's own."""
+    """The sweep's records in the seed's setting, each re-timed point's times in place of the sweep's own (the
+    re-timing of the GPU whose sweep ``load`` gave: never one GPU's times inside another's sweep)."""
     res = load("finetune", gpu)
     if res is None:
         return None
-    timing = load(retime.TOPIC, gpu)
-    records = retime.merged(res.records, timing.records if timing else [])
+    timing = load(retime.TOPIC, res.path.parent.name)
+    own = timing is not None and timing.path.parent == res.path.parent
+    records = retime.merged(res.records, timing.records if own else [])
     return [r for r in records if all(r.get(k) == v for k, v in SEED_SETTING.items())
             and not r.get("point", "").endswith("/no-ckpt")]
 
@@ -319,8 +321,9 @@ SMALL_BATCH = 4  # "small batches": the seed's claim, judged at batch sizes up t
 
 
 def a100_small_batches(load: Loader, gpu: str) -> Verdict:
-    rule = ("the part-by-part step model (results/<gpu>/step_parts.json: each part's measured time scaled by the "
-            "datasheet rate it depends on, the host's held fixed), its uncertainty per model the largest error on "
+    rule = ("the part-by-part step model (step_parts.json of the GPU that ran the sweep: each part's measured time "
+            "scaled by the datasheet rate it depends on, the host's held fixed), its uncertainty per model the largest "
+            "error on "
             "the sweep's steps it was not built from (finetune.json; finetune_timing.json's times over 10 steps "
             "where a point was re-timed), projects the Ada's step time over the A100's "
             f"at every 7B and 13B batch <= {SMALL_BATCH} that trained under both caps, as a range (each scale's "
@@ -329,7 +332,8 @@ def a100_small_batches(load: Loader, gpu: str) -> Verdict:
             "clock, since one GPU cannot tell which paces it): above 1 at every point: confirmed; below 1 at "
             "every point: refuted; above 1 at some and holding 1 at the others, or mixed: partly; holding 1 "
             "everywhere: not decided")
-    parts = load("step_parts", gpu)
+    sweep_run = load("finetune", gpu)  # the model's error is measured on this sweep: its parts from the same GPU
+    parts = load("step_parts", sweep_run.path.parent.name if sweep_run else gpu)
     if parts is None or not any(r.get("what") == "train_parts" for r in parts.records):
         return Verdict(UNDECIDED, rule, {},
                        "no measured part-by-part step model; the step model fitted to the sweep's step times "

@@ -21,7 +21,6 @@ import dataclasses
 import datetime as dt
 import statistics
 import sys
-import textwrap
 
 import helpers  # first: on a machine without a GPU it sets the Triton interpreter up
 from helpers import claims, datasheets, results
@@ -107,22 +106,6 @@ def retime_here(fit: str, budget_s: float) -> None:
     print(f"{len(records)} re-timed points saved to {results.path_for(retime.TOPIC)}; {len(left)} left")
 
 
-def report(table: list[dict], verdict: transfer.Judgement, fit: str, target: str) -> None:
-    print(f"step model fit on {fit}, predicting {target}")
-    print(f"{'model':>5} {'batch':>5} {'measured s':>10} {'predicted s':>11} {'error':>7} {'fit s':>7}  "
-          f"parts above {transfer.BAR.part_share:.0%} of the step (share) error")
-    for r in table:
-        parts = ", ".join(f"{p} ({r[f'{p} share']:.0%}) {r[f'{p} error']:+.0%}" for p in step_model.PARTS
-                          if r[f"{p} error"] is not None and r[f"{p} share"] > transfer.BAR.part_share)
-        fit_s = f"{r['fit measured s']:7.3f}" if r["fit measured s"] is not None else f"{'-':>7}"
-        print(f"{r['model']:>5} {r['batch']:>5} {r['measured s']:10.3f} {r['predicted s']:11.3f} {r['error']:+7.1%} "
-              f"{fit_s}  {parts or '-'}")
-    print(textwrap.fill(f"rule: {transfer.BAR.rule()}", 116, subsequent_indent="  "))
-    print(f"verdict: {'PASSED' if verdict.passed else 'FAILED'}")
-    for reason in verdict.reasons:
-        print(f"  {reason}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", default=results.SECOND_GPU, help="GPU folder whose step parts build the model")
@@ -142,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     table = transfer.rows(model, card(args.target), claims.seed_sweep(own_timing, args.target),
                           train_parts(args.target), claims.seed_sweep(results.find, args.fit))
     verdict = transfer.judge(table)
-    report(table, verdict, args.fit, args.target)
+    print("\n".join(transfer.report(table, verdict, args.fit, args.target)))
     if not table:
         print(f"not saved: no point measured on both {args.fit} and {args.target}")
         return 0

@@ -358,3 +358,29 @@ def test_table_filters_by_notebook_and_rejects_an_unknown_one(capsys):
     assert "fusing it gives 3-4x" in out and "rule:" in out
     with pytest.raises(ValueError, match="notebook '09'"):
         claims.table(notebook="09")
+
+
+def test_the_seed_sweep_never_takes_another_gpus_re_timed_steps():
+    sweep = [{"point": "train/7b/b=1", "attn": "eager", "lora_r": 16, "status": "ok", "step_s": 1.0}]
+    retimed = [{"point": "train/7b/b=1", "status": "ok", "git_commit": "c" * 40, "measured_at": "2026-12-05T10:00",
+                **{k: 0.5 for k in retime.TIMING_FIELDS}, "timed_steps": 10}]
+
+    def falling_back(topic, gpu):  # as claims.committed: a folder without the topic gives another GPU's file
+        folder = {"finetune": "h200", "finetune_timing": "h100-80gb-hbm3"}[topic]
+        return Result(Path(f"stand-in/{folder}/{topic}.json"), H200, sweep if topic == "finetune" else retimed)
+
+    assert [r["step_s"] for r in claims.seed_sweep(falling_back, "h100-80gb-hbm3")] == [1.0]
+    own = loader({("finetune", "h200"): sweep, ("finetune_timing", "h200"): retimed})
+    assert [r["step_s"] for r in claims.seed_sweep(own, "h200")] == [0.5]
+
+
+def test_a100_small_batches_takes_the_parts_of_the_gpu_that_ran_the_sweep():
+    files = _with_sweep(_parts(streamed=0.8, matmul_ms=5.0))  # the H200's parts and sweep: confirmed
+    files["step_parts", "h100-80gb-hbm3"] = _parts(train_bandwidth_ms=0.01)["step_parts", "h200"]  # refuted alone
+    by_gpu = loader(files)
+
+    def falling_back(topic, gpu):  # as claims.committed: the H100 has no sweep, so the H200's stands in
+        return by_gpu(topic, gpu) or by_gpu(topic, "h200")
+
+    claim = next(c for c in claims.CLAIMS if c.id == "a100-small-batches")
+    assert claim.judge(falling_back, "h100-80gb-hbm3").verdict == CONFIRMED

@@ -78,6 +78,15 @@ def test_only_parts_above_the_share_must_be_within_the_part_bar():
     assert not verdict.passed and verdict.reasons[0].startswith("7b batch 4: softmax (11% of the step) off by +30%")
 
 
+def test_the_report_shows_each_point_the_rule_and_the_verdict_within_the_page():
+    table = [{**row(0.3, {"matmul": (0.6, 0.3), "host": (0.4, 0.0)}), "measured s": 1.0, "predicted s": 1.3,
+              "fit measured s": None}]
+    lines = transfer.report(table, transfer.judge(table), "h200", "h100-80gb-hbm3")
+    assert "   7b     4      1.000       1.300  +30.0%       -  matmul (60%) +30%, host (40%) +0%" in lines
+    assert "verdict: FAILED" in lines and any(line.startswith("rule: median") for line in lines)
+    assert max(map(len, lines)) <= 116
+
+
 def test_no_point_or_no_part_fails():
     assert not transfer.judge([]).passed
     verdict = transfer.judge([row(0.0, {})])

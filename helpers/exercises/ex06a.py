@@ -9,9 +9,10 @@ from .checks import NumberCheck
 
 
 def _median_error() -> tuple[float, str]:
-    parts = results.load("step_parts", gpu=results.source_gpu("step_parts"))
+    sweep_gpu = results.source_gpu(sweep.TOPIC)  # the parts of the GPU whose sweep measures the model's error
+    parts = results.load("step_parts", gpu=results.source_gpu("step_parts", prefer=sweep_gpu))
     model = step_model.StepModel.from_records(parts.records, datasheets.lookup(parts.provenance["gpu"]))
-    rows = step_model.validate(model, claims.seed_sweep(claims.committed, results.source_gpu(sweep.TOPIC)))
+    rows = step_model.validate(model, claims.seed_sweep(claims.committed, sweep_gpu))
     errors = [100 * abs(r["error"]) for r in rows]
     return statistics.median(errors), (
         f"step_model.validate: the model fit on the step parts of {parts.describe()}, against the committed "

@@ -2,11 +2,12 @@
 steps, and a bar fixed before that GPU measured anything says whether the prediction holds.
 
 :func:`rows` sets each predicted step (and, where the other GPU measured its step parts, each part) beside the
-measured one; :func:`judge` holds them to the bar (:data:`BAR`).
+measured one; :func:`judge` holds them to the bar (:data:`BAR`); :func:`report` prints both.
 """
 from __future__ import annotations
 
 import statistics
+import textwrap
 from dataclasses import dataclass
 
 from ..datasheets import GpuSpec
@@ -99,3 +100,21 @@ def judge(table: list[dict], bar: Bar = BAR) -> Judgement:
         else:
             failed.append(f"{what} > {bar.part_error:.0%}")
     return Judgement(not failed, tuple(failed + passed))
+
+
+def report(table: list[dict], judgement: Judgement, fit: str, target: str) -> list[str]:
+    """``table`` and its judgement as lines of at most 116 characters: a row per point (the parts above the bar's
+    share beside it), the rule, the verdict and each criterion's line."""
+    lines = [f"step model fit on {fit}, predicting {target}",
+             f"{'model':>5} {'batch':>5} {'measured s':>10} {'predicted s':>11} {'error':>7} {'fit s':>7}  "
+             f"parts above {BAR.part_share:.0%} of the step (share) error"]
+    for r in table:
+        parts = ", ".join(f"{p} ({r[f'{p} share']:.0%}) {r[f'{p} error']:+.0%}" for p in PARTS
+                          if r[f"{p} error"] is not None and r[f"{p} share"] > BAR.part_share)
+        fit_s = f"{r['fit measured s']:7.3f}" if r["fit measured s"] is not None else f"{'-':>7}"
+        lines.append(f"{r['model']:>5} {r['batch']:>5} {r['measured s']:10.3f} {r['predicted s']:11.3f} "
+                     f"{r['error']:+7.1%} {fit_s}  {parts or '-'}")
+    lines += textwrap.wrap(f"rule: {BAR.rule()}", 116, subsequent_indent="  ")
+    lines.append(f"verdict: {'PASSED' if judgement.passed else 'FAILED'}")
+    lines += [f"  {reason}" for reason in judgement.reasons]
+    return lines
