@@ -321,9 +321,8 @@ SMALL_BATCH = 4  # "small batches": the seed's claim, judged at batch sizes up t
 
 
 def a100_small_batches(load: Loader, gpu: str) -> Verdict:
-    rule = ("the part-by-part step model (step_parts.json of the GPU that ran the sweep: each part's measured time "
-            "scaled by the datasheet rate it depends on, the host's held fixed), its uncertainty per model the largest "
-            "error on "
+    rule = ("the part-by-part step model (results/<gpu>/step_parts.json: each part's measured time scaled by the "
+            "datasheet rate it depends on, the host's held fixed), its uncertainty per model the largest error on "
             "the sweep's steps it was not built from (finetune.json; finetune_timing.json's times over 10 steps "
             "where a point was re-timed), projects the Ada's step time over the A100's "
             f"at every 7B and 13B batch <= {SMALL_BATCH} that trained under both caps, as a range (each scale's "

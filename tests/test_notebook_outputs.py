@@ -12,15 +12,9 @@ NOTEBOOKS = [*sorted((REPO_ROOT / "notebooks").glob("*.ipynb")),
              *sorted((REPO_ROOT / "notebooks").glob("appendix/*.ipynb"))]
 IDS = [p.relative_to(REPO_ROOT / "notebooks").as_posix() for p in NOTEBOOKS]
 MAX_LINE = 150
-# Notebooks whose saved outputs predate their current code (its prints now wrap): the mark fails as soon as a re-run
-# on the reference GPU brings their lines within the page, and must then go.
 # Predictions whose answer is worked out from numbers their own task gives, not measured: an output above that
 # rounds to the same value is chance, not the answer.
 WORKED_FROM_THE_TASK = {"10.3": "a made-up step's share, from the times and elasticities its task states"}
-# Numbers above a prediction that equal its answer by chance, each pinned to the text around it: (id, notebook,
-# that text) -> why it is not the answer. Each must still be found, so none outlives the output it excuses.
-CHANCE = {("06.3", "06_llm_finetuning_a100_vs_a6000ada.ipynb", "0.27 GB                 3.34"):
-          "the optimizer's % of the datasheet rate on the reference H100, not the nf4 weights' GB"}
 NUMBER = re.compile(r"(?<![\w.])(?!0\d)\d[\d,]*(?:\.\d+)?")  # not "06.1": that is an exercise's name
 
 
@@ -78,18 +72,11 @@ def test_no_saved_output_line_is_wider_than_the_page(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_no_prediction_is_answered_above_the_cell_that_asks_it(path):
     nb = json.loads(path.read_text())
-    answered, excused = [], set()
+    answered = []
     for check_id, heading, _ in predictions(nb):
         check = CHECKS[check_id]
         if check.choices or check_id in WORKED_FROM_THE_TASK:  # multiple choice: the answer is an option's number
             continue
-        chance = [key for key in CHANCE if key[:2] == (check_id, path.name)]
-        for i in range(heading):
-            for hit in shows(_output_text(nb["cells"][i]), check.solution):
-                pinned = [key for key in chance if key[2] in hit]
-                excused.update(pinned)
-                if not pinned:
-                    answered.append(f"{check_id} (reference {check.solution:.4g}) in cell {i}: ...{hit}...")
+        answered += [f"{check_id} (reference {check.solution:.4g}) in cell {i}: ...{hit}..."
+                     for i in range(heading) for hit in shows(_output_text(nb["cells"][i]), check.solution)]
     assert not answered, "\n".join(answered)
-    stale = [key for key in CHANCE if key[1] == path.name and key not in excused]
-    assert not stale, f"CHANCE entries that no output matches any more (remove them): {stale}"
