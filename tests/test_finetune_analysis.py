@@ -142,3 +142,16 @@ def test_a_cards_points_sit_beside_the_references_twins():
     assert (one[("here", "step s")], one[("ref", "step s")]) == ("OOM", "-")
     tiny = analysis.beside([{**here[0], "model": "tiny"}], ref, "here", "ref", model="7b")
     assert tiny.loc[("tiny", 4, "whole card")][("ref", "tokens/s")] == "2,000"
+
+
+def test_split_parts_sums_each_part_and_names_the_longest_matmuls():
+    rows = [{"name": "nvjet_sm90_tst_256x8_bf16", "calls": 10, "us_per_call": 100.0},
+            {"name": "ampere_sgemm_128x64_tn", "calls": 2, "us_per_call": 1000.0},
+            {"name": "kDequantizeBlockwise", "calls": 5, "us_per_call": 20.0},
+            {"name": "vectorized_elementwise_kernel", "calls": 3, "us_per_call": 10.0}]
+    rows += [{"name": f"cutlass_gemm_{i}", "calls": 1, "us_per_call": float(i)} for i in range(1, 20)]
+    parts, matmuls = step_model.split_parts(rows)
+    assert parts["matmul"] == pytest.approx(1.0 + 2.0 + sum(range(1, 20)) / 1e3)
+    assert parts["nf4 dequantise"] == pytest.approx(0.1) and parts["element-wise"] == pytest.approx(0.03)
+    assert list(matmuls)[:3] == ["ampere_sgemm_128x64_tn", "nvjet_sm90_tst_256x8_bf16", "cutlass_gemm_19"]
+    assert len(matmuls) == step_model.MATMUL_KERNELS_KEPT

@@ -50,9 +50,27 @@ KERNEL_PARTS = (("nf4 dequantise", r"dequant"),
                 ("matmul", r"gemm|cutlass|nvjet|sm90_|sm80_|matmul|splitk|aten::(add|b)?mm\b"))
 
 
+MATMUL_KERNELS_KEPT = 12  # the longest matmul kernels a parts record names, for classing GEMMs by data type later
+
+
 def part_of(kernel: str) -> str:
     """The part a kernel belongs to, from its name (``KERNEL_PARTS``); "element-wise" when nothing matches."""
     return next((part for part, pattern in KERNEL_PARTS if re.search(pattern, kernel, re.IGNORECASE)), "element-wise")
+
+
+def split_parts(rows: list[dict]) -> tuple[dict[str, float], dict[str, float]]:
+    """The profiler's kernel rows (``bench.profile_kernels``) as milliseconds per device part, and the matmul
+    part's longest kernels by name (at most ``MATMUL_KERNELS_KEPT``, longest first): their names say the data type
+    and the pipe (bf16 tensor cores, TF32, fp32 on the CUDA cores), which one datasheet rate cannot."""
+    parts: dict[str, float] = {p: 0.0 for p in PARTS if p != "host"}
+    matmuls: dict[str, float] = {}
+    for r in rows:
+        part, ms = part_of(r["name"]), r["calls"] * r["us_per_call"] / 1e3
+        parts[part] += ms
+        if part == "matmul":
+            matmuls[r["name"]] = matmuls.get(r["name"], 0.0) + ms
+    longest = sorted(matmuls.items(), key=lambda kv: -kv[1])[:MATMUL_KERNELS_KEPT]
+    return parts, dict(longest)
 
 
 def work(spec: ModelSpec, batch: int, padded_len: float, lora_r: int = 16) -> dict[str, float]:
@@ -297,10 +315,7 @@ def measure_train_parts(model_name: str, batch: int, data: TokenizedData, device
     step = train_step(model)
     times = time_steps(step, batches, device, warmup)[0]
     todo = iter(batches[warmup - 1:])  # the last warm-up batch warms the profiler up, then the timed ones
-    rows = profile_kernels(lambda: step(next(todo)), reps=timed)
-    parts: dict[str, float] = {p: 0.0 for p in PARTS if p != "host"}
-    for r in rows:
-        parts[part_of(r["name"])] += r["calls"] * r["us_per_call"] / 1e3
+    parts, matmul_kernels = split_parts(profile_kernels(lambda: step(next(todo)), reps=timed))
     device_ms = sum(parts.values())
     padded = statistics.fmean(b["input_ids"].shape[1] for b in batches[warmup:])
     return {"what": "train_parts", "model": model_name, "batch_size": batch, "mean_padded_len": padded,
@@ -308,4 +323,4 @@ def measure_train_parts(model_name: str, batch: int, data: TokenizedData, device
             "step_s": statistics.median(times), "step_s_mean": statistics.fmean(times), "step_s_min": min(times),
             "step_s_max": max(times), "device_ms": device_ms,
             "host ms": max(0.0, 1e3 * statistics.fmean(times) - device_ms),
-            **{f"{p} ms": ms for p, ms in parts.items()}}
+            **{f"{p} ms": ms for p, ms in parts.items()}, "matmul kernels, ms by name": matmul_kernels}
