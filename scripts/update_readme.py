@@ -10,13 +10,14 @@ helpers.claims); a topic with no file yet is left out.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
 from helpers import claims, results, datasheets
 from helpers.studies import memory_hierarchy, roofline
 from helpers.studies.decoding_ladder import logits_ok, speedup_per_round
-from helpers.finetune import analysis
+from helpers.finetune import analysis, transfer
 
 README = results.REPO_ROOT / "README.md"
 RESULTS_README = results.REPO_ROOT / "results" / "README.md"
@@ -184,6 +185,20 @@ def _pacing(res: results.Result) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _step_model_transfer(res: results.Result) -> list[tuple[str, str, str]]:
+    """scripts/step_model_transfer.py: the step model built on one GPU's parts, against this GPU's measured steps,
+    judged again by the bar set before they were measured."""
+    verdict = transfer.judge(res.records)
+    errors = [abs(r["error"]) for r in res.records]
+    failing = [reason for reason in verdict.reasons if ">" in reason]
+    return [(f"QLoRA step model fit on the {gpu_label(res.records[0]['fit_gpu'], False)}'s step parts, predicting "
+             "this GPU's steps (scripts/step_model_transfer.py)",
+             f"median step error {statistics.median(errors):.1%} over {len(errors)} points "
+             f"({', '.join(sorted({r['model'].upper() for r in res.records}))})",
+             f"the bar set before measuring ({transfer.BAR.median_step_error:.0%} median, parts within "
+             f"{transfer.BAR.part_error:.0%}): {'passed' if verdict.passed else 'failed: ' + '; '.join(failing)}")]
+
+
 def _serving(res: results.Result) -> list[tuple[str, str, str]]:
     rows = []
     paged = {(r["batch"], r["context"]): r["ms"] for r in res.where(what="kernel", impl="paged", heads=32, kv_heads=32)}
@@ -319,6 +334,7 @@ def table_rows(gpu: str) -> tuple[list[Row], list[str]]:
                 ("finetune_kernels", results.find("finetune_kernels", gpu), _train_kernels, "07"),
                 ("qlora_pacing", results.find("qlora_pacing", gpu), _pacing, "07"),
                 ("serving", results.find("serving", gpu), _serving, "09"),
+                ("step_model_validation", results.find("step_model_validation", gpu), _step_model_transfer, "10"),
                 (f"{gpu}x2/fsdp", results.find("fsdp", f"{gpu}x2"), lambda r: _two_gpus(r, spec), "08")]
     rows, sources = [], []
     for topic, res, make, nb in sections:
