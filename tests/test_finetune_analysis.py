@@ -1,6 +1,6 @@
 import pytest
 
-from helpers import datasheets
+from helpers import datasheets, results
 from helpers.finetune import analysis, step_model
 from helpers.llama import models
 
@@ -150,8 +150,11 @@ def test_split_parts_sums_each_part_and_names_the_longest_matmuls():
             {"name": "kDequantizeBlockwise", "calls": 5, "us_per_call": 20.0},
             {"name": "vectorized_elementwise_kernel", "calls": 3, "us_per_call": 10.0}]
     rows += [{"name": f"cutlass_gemm_{i}", "calls": 1, "us_per_call": float(i)} for i in range(1, 20)]
-    parts, matmuls = step_model.split_parts(rows)
+    parts, fields = step_model.split_parts(rows)
     assert parts["matmul"] == pytest.approx(1.0 + 2.0 + sum(range(1, 20)) / 1e3)
     assert parts["nf4 dequantise"] == pytest.approx(0.1) and parts["element-wise"] == pytest.approx(0.03)
-    assert list(matmuls)[:3] == ["ampere_sgemm_128x64_tn", "nvjet_sm90_tst_256x8_bf16", "cutlass_gemm_19"]
-    assert len(matmuls) == step_model.MATMUL_KERNELS_KEPT
+    assert [fields[f"matmul kernel {i}"] for i in (1, 2, 3)] == ["ampere_sgemm_128x64_tn", "nvjet_sm90_tst_256x8_bf16",
+                                                                 "cutlass_gemm_19"]
+    assert fields["matmul kernel 1, ms a step"] == pytest.approx(2.0)
+    assert len(fields) == 2 * step_model.MATMUL_KERNELS_KEPT
+    results._check_records([{**parts, **fields}])  # flat: a results file can hold them

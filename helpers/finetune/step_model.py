@@ -58,10 +58,11 @@ def part_of(kernel: str) -> str:
     return next((part for part, pattern in KERNEL_PARTS if re.search(pattern, kernel, re.IGNORECASE)), "element-wise")
 
 
-def split_parts(rows: list[dict]) -> tuple[dict[str, float], dict[str, float]]:
+def split_parts(rows: list[dict]) -> tuple[dict[str, float], dict[str, str | float]]:
     """The profiler's kernel rows (``bench.profile_kernels``) as milliseconds per device part, and the matmul
-    part's longest kernels by name (at most ``MATMUL_KERNELS_KEPT``, longest first): their names say the data type
-    and the pipe (bf16 tensor cores, TF32, fp32 on the CUDA cores), which one datasheet rate cannot."""
+    part's longest kernels (at most ``MATMUL_KERNELS_KEPT``, longest first) as a record's flat fields: "matmul kernel
+    1" its name, "matmul kernel 1, ms a step" its time, and so on. Their names say the data type and the pipe (bf16
+    tensor cores, TF32, fp32 on the CUDA cores), which one datasheet rate cannot."""
     parts: dict[str, float] = {p: 0.0 for p in PARTS if p != "host"}
     matmuls: dict[str, float] = {}
     for r in rows:
@@ -70,7 +71,10 @@ def split_parts(rows: list[dict]) -> tuple[dict[str, float], dict[str, float]]:
         if part == "matmul":
             matmuls[r["name"]] = matmuls.get(r["name"], 0.0) + ms
     longest = sorted(matmuls.items(), key=lambda kv: -kv[1])[:MATMUL_KERNELS_KEPT]
-    return parts, dict(longest)
+    fields: dict[str, str | float] = {}
+    for i, (name, ms) in enumerate(longest, 1):
+        fields.update({f"matmul kernel {i}": name, f"matmul kernel {i}, ms a step": ms})
+    return parts, fields
 
 
 def work(spec: ModelSpec, batch: int, padded_len: float, lora_r: int = 16) -> dict[str, float]:
@@ -323,4 +327,4 @@ def measure_train_parts(model_name: str, batch: int, data: TokenizedData, device
             "step_s": statistics.median(times), "step_s_mean": statistics.fmean(times), "step_s_min": min(times),
             "step_s_max": max(times), "device_ms": device_ms,
             "host ms": max(0.0, 1e3 * statistics.fmean(times) - device_ms),
-            **{f"{p} ms": ms for p, ms in parts.items()}, "matmul kernels, ms by name": matmul_kernels}
+            **{f"{p} ms": ms for p, ms in parts.items()}, **matmul_kernels}
