@@ -27,7 +27,7 @@ from helpers.llama.data import TokenizedData
 from helpers.finetune.generate import decode_parts
 from helpers.llama.lora import LoraSettings, attach_lora
 from helpers.llama.models import build_model
-from helpers.finetune.step_model import measure_train_parts
+from helpers.finetune.step_model import GEMM_CLASSES, measure_train_parts
 
 
 def main() -> None:
@@ -50,6 +50,8 @@ def main() -> None:
         r = measure_train_parts(name, int(batch), data, helpers.DEVICE, timed=args.timed)
         print(f"{name} batch {batch}: {r['step_s']:.3f} s a step ({r['step_s_min']:.3f}-{r['step_s_max']:.3f}), "
               + ", ".join(f"{k} {v:.0f}" for k, v in r.items() if k.endswith(" ms")), flush=True)
+        print("  matmul GFLOP by data type, counted / from the shapes: " + ", ".join(
+            f"{c} {r[f'{c} GFLOP counted']:,.1f} / {r[f'{c} GFLOP from the shapes']:,.1f}" for c in GEMM_CLASSES))
         records.append({**r, **stamp})
         gc.collect()  # the model built for this point goes before the next one's
         torch.cuda.empty_cache() if helpers.HAS_CUDA else None

@@ -5,7 +5,8 @@ that part depends on.
 Parts and what scales them (``PARTS``):
 
 * ``matmul``: every GEMM (the frozen nf4 linears after dequantisation, LoRA, the lm_head, eager
-  attention's Q Kᵀ and P V): FLOPs at the card's bf16 tensor rate;
+  attention's Q Kᵀ and P V): FLOPs at the card's bf16 tensor rate (:func:`matmul_flops` splits them by the data
+  type they run in);
 * ``nf4 dequantise``: bytes (packed weights in, bf16 out, three passes) at the card's bandwidth;
 * ``softmax``: eager attention's S x S scores, written and read in fp32: bytes at the bandwidth;
 * ``optimizer``: AdamW over the LoRA weights: bytes at the bandwidth;
@@ -35,6 +36,7 @@ from ..datasheets import GpuSpec
 from ..llama.data import TokenizedData, make_batches
 from ..llama.lora import LoraSettings, attach_lora, check_checkpointing
 from ..llama.models import MODELS, ModelSpec, build_model
+from .gemm_count import GemmCount
 from .timing import time_steps, train_step
 
 PASSES = 3  # forward, forward again (gradient checkpointing), backward
@@ -44,6 +46,7 @@ LINEARS_PER_LAYER = 7  # q, k, v, o, gate, up, down: each an nf4 matrix
 PARTS = {"matmul": "tensor", "nf4 dequantise": "bandwidth", "softmax": "bandwidth", "optimizer": "bandwidth",
          "element-wise": "bandwidth", "host": "host"}
 SCALES = ("tensor", "bandwidth", "host")
+GEMM_CLASSES = ("bf16", "fp32")  # the data types the matmul part's products run in
 KERNEL_PARTS = (("nf4 dequantise", r"dequant"),
                 ("softmax", r"softmax"),
                 ("optimizer", r"adam|foreach|multi_tensor"),
@@ -77,17 +80,35 @@ def split_parts(rows: list[dict]) -> tuple[dict[str, float], dict[str, str | flo
     return parts, fields
 
 
-def work(spec: ModelSpec, batch: int, padded_len: float, lora_r: int = 16) -> dict[str, float]:
-    """The work of each part in one step of ``batch`` texts padded to ``padded_len`` (eager attention,
-    gradient checkpointing): FLOPs for ``matmul``, bytes for the bandwidth parts, layer-passes for ``host``."""
+def _lora_params(spec: ModelSpec, lora_r: int) -> int:
+    return spec.num_hidden_layers * 2 * lora_r * 2 * spec.hidden_size  # q and v: A (h x r) and B (r x h) each
+
+
+def matmul_flops(spec: ModelSpec, batch: int, padded_len: float, lora_r: int = 16) -> dict[str, float]:
+    """The matmul part's FLOPs in one step by the data type they run in (``GEMM_CLASSES``). "bf16": the frozen nf4
+    linears (forward, its recomputation, the input gradient), which bitsandbytes dequantises to bf16. "fp32": the
+    LoRA adapters (as many passes), the lm_head (forward and input gradient) and eager attention's two products
+    (forward, recomputation, two products each backward): peft's k-bit preparation keeps the norms, embeddings and
+    lm_head in fp32, so the hidden states, q, k and v are fp32, and the adapters are fp32 (TF32 is off: the CUDA
+    cores). ``tests/test_gemm_classes.py`` checks these data types on the model itself."""
     if batch < 1 or padded_len < 1:
         raise ValueError(f"batch and padded_len must be >= 1, got {batch}, {padded_len}")
     tokens = batch * padded_len
     h, layers = spec.hidden_size, spec.num_hidden_layers
-    lora_params = layers * 2 * lora_r * 2 * h  # q and v: A (h x r) and B (r x h) each
+    return {"bf16": 2 * PASSES * spec.linear_params() * tokens,
+            "fp32": 2 * PASSES * _lora_params(spec, lora_r) * tokens + 4 * spec.vocab_size * h * tokens
+            + (PASSES + 1) * layers * 4 * padded_len * h * tokens}
+
+
+def work(spec: ModelSpec, batch: int, padded_len: float, lora_r: int = 16) -> dict[str, float]:
+    """The work of each part in one step of ``batch`` texts padded to ``padded_len`` (eager attention,
+    gradient checkpointing): FLOPs for ``matmul`` (both data types of :func:`matmul_flops`), bytes for the
+    bandwidth parts, layer-passes for ``host``."""
+    tokens = batch * padded_len
+    h, layers = spec.hidden_size, spec.num_hidden_layers
+    lora_params = _lora_params(spec, lora_r)
     return {
-        "matmul": 2 * PASSES * (spec.linear_params() + lora_params) * tokens + 4 * spec.vocab_size * h * tokens
-        + (PASSES + 1) * layers * 4 * padded_len * h * tokens,
+        "matmul": sum(matmul_flops(spec, batch, padded_len, lora_r).values()),
         "nf4 dequantise": PASSES * DEQUANT_BYTES * spec.linear_params(),
         "softmax": PASSES * layers * batch * spec.num_attention_heads * padded_len ** 2 * 2 * 4,
         "optimizer": lora_params * 4 * 4 * 2,  # fp32 weight, grad, two moments: read and written
@@ -320,6 +341,13 @@ def measure_train_parts(model_name: str, batch: int, data: TokenizedData, device
     times = time_steps(step, batches, device, warmup)[0]
     todo = iter(batches[warmup - 1:])  # the last warm-up batch warms the profiler up, then the timed ones
     parts, matmul_kernels = split_parts(profile_kernels(lambda: step(next(todo)), reps=timed))
+    with GemmCount() as count:  # one more step, its products counted by data type beside matmul_flops' count
+        step(batches[-1])
+    padded_to = batches[-1]["input_ids"].shape[1]
+    gemm_flops = {"GFLOP counted at padded length": padded_to,
+                  **{f"{c} GFLOP counted": count.flops.get(c, 0.0) / 1e9 for c in GEMM_CLASSES},
+                  **{f"{c} GFLOP from the shapes": f / 1e9
+                     for c, f in matmul_flops(MODELS[model_name], batch, padded_to).items()}}
     device_ms = sum(parts.values())
     padded = statistics.fmean(b["input_ids"].shape[1] for b in batches[warmup:])
     return {"what": "train_parts", "model": model_name, "batch_size": batch, "mean_padded_len": padded,
@@ -327,4 +355,4 @@ def measure_train_parts(model_name: str, batch: int, data: TokenizedData, device
             "step_s": statistics.median(times), "step_s_mean": statistics.fmean(times), "step_s_min": min(times),
             "step_s_max": max(times), "device_ms": device_ms,
             "host ms": max(0.0, 1e3 * statistics.fmean(times) - device_ms),
-            **{f"{p} ms": ms for p, ms in parts.items()}, **matmul_kernels}
+            **{f"{p} ms": ms for p, ms in parts.items()}, **matmul_kernels, **gemm_flops}
