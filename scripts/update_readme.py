@@ -190,7 +190,7 @@ def _step_model_transfer(res: results.Result) -> list[tuple[str, str, str]]:
     judged again by the bar set before they were measured."""
     verdict = transfer.judge(res.records)
     errors = [abs(r["error"]) for r in res.records]
-    failing = [reason for reason in verdict.reasons if ">" in reason]
+    failing = verdict.reasons[:verdict.failures]
     return [(f"QLoRA step model fit on the {gpu_label(res.records[0]['fit_gpu'], False)}'s step parts, predicting "
              "this GPU's steps (scripts/step_model_transfer.py)",
              f"median step error {statistics.median(errors):.1%} over {len(errors)} points "

@@ -42,6 +42,7 @@ class Judgement:
 
     passed: bool
     reasons: tuple[str, ...]
+    failures: int  # how many of the reasons, from the first, are criteria that failed
 
 
 def rows(step_model: StepModel, target: GpuSpec, target_sweep: list[dict], target_parts: list[dict],
@@ -81,7 +82,7 @@ def judge(table: list[dict], bar: Bar = BAR) -> Judgement:
     """``table`` (:func:`rows`) against ``bar``: the median absolute step error, then every part above the
     bar's share of its measured step. No row, or no part measured at all, fails: the bar was not tested."""
     if not table:
-        return Judgement(False, ("no point measured on both GPUs",))
+        return Judgement(False, ("no point measured on both GPUs",), 1)
     failed, passed = [], []
     median = statistics.median(abs(r["error"]) for r in table)
     line = f"median |step error| {median:.1%} over {len(table)} points"
@@ -99,7 +100,7 @@ def judge(table: list[dict], bar: Bar = BAR) -> Judgement:
             passed.append(f"{what} <= {bar.part_error:.0%}")
         else:
             failed.append(f"{what} > {bar.part_error:.0%}")
-    return Judgement(not failed, tuple(failed + passed))
+    return Judgement(not failed, tuple(failed + passed), len(failed))
 
 
 def report(table: list[dict], judgement: Judgement, fit: str, target: str) -> list[str]:
