@@ -334,7 +334,7 @@ def table_rows(gpu: str) -> tuple[list[Row], list[str]]:
                 ("finetune_kernels", results.find("finetune_kernels", gpu), _train_kernels, "07"),
                 ("qlora_pacing", results.find("qlora_pacing", gpu), _pacing, "07"),
                 ("serving", results.find("serving", gpu), _serving, "09"),
-                ("step_model_validation", results.find("step_model_validation", gpu), _step_model_transfer, "10"),
+                ("step_model_validation", results.find("step_model_validation", gpu), _step_model_transfer, "06"),
                 (f"{gpu}x2/fsdp", results.find("fsdp", f"{gpu}x2"), lambda r: _two_gpus(r, spec), "08")]
     rows, sources = [], []
     for topic, res, make, nb in sections:
