@@ -29,8 +29,6 @@ def test_check_is_quick_on_this_machine(capsys):
     assert time.perf_counter() - start < 30, capsys.readouterr().out
 
 
-
-
 FILLED = {  # what a learner writes for each TODO of the skeleton, as the task and the comments ask
     "a = ...": "a = tl.load(a_ptr + rows[:, None] * K + ks[None, :], mask=(rows[:, None] < M) & (ks[None, :] < K), "
                "other=0.0)",

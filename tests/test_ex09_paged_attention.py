@@ -121,8 +121,6 @@ def test_solution_compiles_for_the_gpu():
     assert shared_bytes_on_sm90("ex09._paged_attention_kernel", args) >= 0
 
 
-
-
 FILLED = {  # what a learner writes for each TODO of the skeleton, as the task and the comments ask
     "page = ...": "page = tl.load(TABLE + b * TABLE_WIDTH + p).to(tl.int64)",
     "ok = ...": "ok = t < length",

@@ -140,10 +140,6 @@ def test_solution_compiles_for_the_gpu():
     assert shared_bytes_on_sm90("ex04._layernorm_backward_kernel", args) >= 0
 
 
-
-
-
-
 FILLED = {  # what a learner writes for each TODO of the skeleton, as the task and the comments ask
     "row_end = ...": "row_end = tl.minimum(row_start + ROWS_PER_PROGRAM, n_rows)",
     "# TODO: load": "x = tl.load(x_ptr + offs, mask=col_ok, other=0.0).to(tl.float32); "

@@ -109,10 +109,6 @@ def test_solution_compiles_for_the_gpu():
     assert shared_bytes_on_sm90("ex07._rms_norm_kernel", args) >= 0
 
 
-
-
-
-
 FILLED = {  # what a learner writes for each TODO of the skeleton, as the task and the comments ask
     "mask = ...": "mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)",
     "x = ...": "x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)",

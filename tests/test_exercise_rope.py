@@ -121,10 +121,6 @@ def test_solution_compiles_for_the_gpu():
     assert shared_bytes_on_sm90("ex07._rope_kernel", args) >= 0
 
 
-
-
-
-
 FILLED = {  # what a learner writes for each TODO of the skeleton, as the task and the comments ask
     "ok = ...": "ok = (s < seq_len)[:, None]",
     "x_offs = ...": "x_offs = (head * seq_len + s)[:, None] * (2 * HALF) + d[None, :]",
