@@ -189,14 +189,14 @@ def _step_model_transfer(res: results.Result) -> list[tuple[str, str, str]]:
     """scripts/step_model_transfer.py: the step model built on one GPU's parts, against this GPU's measured steps,
     judged again by the bar set before they were measured."""
     verdict = transfer.judge(res.records)
+    outcome = "passed" if verdict.passed else "failed: " + "; ".join(verdict.failed)
     errors = [abs(r["error"]) for r in res.records]
-    failing = verdict.reasons[:verdict.failures]
     return [(f"QLoRA step model fit on the {gpu_label(res.records[0]['fit_gpu'], False)}'s step parts, predicting "
              "this GPU's steps (scripts/step_model_transfer.py)",
              f"median step error {statistics.median(errors):.1%} over {len(errors)} points "
              f"({', '.join(sorted({r['model'].upper() for r in res.records}))})",
              f"the bar set before measuring ({transfer.BAR.median_step_error:.0%} median, parts within "
-             f"{transfer.BAR.part_error:.0%}): {'passed' if verdict.passed else 'failed: ' + '; '.join(failing)}")]
+             f"{transfer.BAR.part_error:.0%}): {outcome}")]
 
 
 def _serving(res: results.Result) -> list[tuple[str, str, str]]:

@@ -38,11 +38,19 @@ BAR = Bar(median_step_error=0.15, part_share=0.10, part_error=0.25)
 
 @dataclass(frozen=True)
 class Judgement:
-    """Whether rows clear a bar, and why: each criterion's line (the failing ones first)."""
+    """Rows held to a bar: the line of each criterion they failed, and of each they met."""
 
-    passed: bool
-    reasons: tuple[str, ...]
-    failures: int  # how many of the reasons, from the first, are criteria that failed
+    failed: tuple[str, ...]
+    met: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """Every criterion's line, the failed ones first."""
+        return self.failed + self.met
 
 
 def rows(step_model: StepModel, target: GpuSpec, target_sweep: list[dict], target_parts: list[dict],
@@ -82,12 +90,12 @@ def judge(table: list[dict], bar: Bar = BAR) -> Judgement:
     """``table`` (:func:`rows`) against ``bar``: the median absolute step error, then every part above the
     bar's share of its measured step. No row, or no part measured at all, fails: the bar was not tested."""
     if not table:
-        return Judgement(False, ("no point measured on both GPUs",), 1)
-    failed, passed = [], []
+        return Judgement(("no point measured on both GPUs",), ())
+    failed, met = [], []
     median = statistics.median(abs(r["error"]) for r in table)
     line = f"median |step error| {median:.1%} over {len(table)} points"
     if median <= bar.median_step_error:
-        passed.append(f"{line} <= {bar.median_step_error:.0%}")
+        met.append(f"{line} <= {bar.median_step_error:.0%}")
     else:
         failed.append(f"{line} > {bar.median_step_error:.0%}")
     checked = [(r, p) for r in table for p in PARTS if r[f"{p} share"] is not None and r[f"{p} share"] > bar.part_share]
@@ -97,10 +105,10 @@ def judge(table: list[dict], bar: Bar = BAR) -> Judgement:
         error = r[f"{p} error"]
         what = f"{r['model']} batch {r['batch']}: {p} ({r[f'{p} share']:.0%} of the step) off by {error:+.0%}"
         if abs(error) <= bar.part_error:
-            passed.append(f"{what} <= {bar.part_error:.0%}")
+            met.append(f"{what} <= {bar.part_error:.0%}")
         else:
             failed.append(f"{what} > {bar.part_error:.0%}")
-    return Judgement(not failed, tuple(failed + passed), len(failed))
+    return Judgement(tuple(failed), tuple(met))
 
 
 def report(table: list[dict], judgement: Judgement, fit: str, target: str) -> list[str]:
