@@ -308,8 +308,11 @@ def seed_sweep(load: Loader, gpu: str) -> list[dict] | None:
     """The sweep's records in the seed's setting, each re-timed point's times in place of the sweep's own (the
     re-timing of the GPU whose sweep ``load`` gave: never one GPU's times inside another's sweep)."""
     res = load("finetune", gpu)
-    if res is None:
-        return None
+    return None if res is None else _seed_records(load, res)
+
+
+def _seed_records(load: Loader, res: results.Result) -> list[dict]:
+    """:func:`seed_sweep` of the sweep ``res``, already loaded."""
     timing = load(retime.TOPIC, res.path.parent.name)
     own = timing is not None and timing.path.parent == res.path.parent
     records = retime.merged(res.records, timing.records if own else [])
@@ -338,9 +341,9 @@ def a100_small_batches(load: Loader, gpu: str) -> Verdict:
                        "no measured part-by-part step model; the step model fitted to the sweep's step times "
                        "has no bandwidth term that the data can separate, so it ranks the card with more FLOP/s "
                        "first whatever the cards' bandwidths: it cannot rank the A100 against the Ada")
-    main = seed_sweep(load, gpu)
-    if main is None:
+    if sweep_run is None:
         return Verdict(UNDECIDED, rule, {}, "no sweep (finetune.json): the step model's error is not measured")
+    main = _seed_records(load, sweep_run)
     here = _card(parts)
     if here is None:
         return Verdict(UNDECIDED, rule, {}, f"no datasheet row for {parts.provenance.get('gpu')}")
