@@ -19,6 +19,7 @@ from .studies import attention_designs, eager_chain
 from . import results, datasheets
 from .device import SCALE
 from .finetune import analysis, retime, step_model
+from .llama import models
 
 CONFIRMED, REFUTED, PARTLY, UNDECIDED = "confirmed", "refuted", "partly", "not decided by this run"
 Loader = Callable[[str, str], "results.Result | None"]  # (topic, gpu folder) -> the file, or None if absent
@@ -330,9 +331,9 @@ def a100_small_batches(load: Loader, gpu: str) -> Verdict:
             "where a point was re-timed), projects the Ada's step time over the A100's "
             f"at every 7B and 13B batch <= {SMALL_BATCH} that trained under both caps, as a range (each scale's "
             "time off by that error, the host added or hidden, and each bandwidth part that streams under "
-            f"{step_model.PACED_FRACTION:.0%} of the datasheet bandwidth here scaled by the bandwidth or by the SM "
-            "clock, since one GPU cannot tell which paces it): above 1 at every point: confirmed; below 1 at "
-            "every point: refuted; above 1 at some and holding 1 at the others, or mixed: partly; holding 1 "
+            f"{step_model.PACED_FRACTION:.0%} of the datasheet bandwidth here scaled by the bandwidth or by the "
+            "SMs x boost clock, since one GPU cannot tell which paces it): above 1 at every point: confirmed; "
+            "below 1 at every point: refuted; above 1 at some and holding 1 at the others, or mixed: partly; holding 1 "
             "everywhere: not decided")
     sweep_run = load("finetune", gpu)  # the model's error is measured on this sweep: its parts from the same GPU
     parts = load("step_parts", sweep_run.path.parent.name if sweep_run else gpu)
@@ -357,8 +358,11 @@ def a100_small_batches(load: Loader, gpu: str) -> Verdict:
         return Verdict(UNDECIDED, rule, {}, f"no 7B or 13B batch <= {SMALL_BATCH} trained under both caps")
     evidence = {f"{r['model']} batch {r['batch']}: Ada / A100 step time": (
         f"{r['ratio']:.2f} ({r['low']:.2f}-{r['high']:.2f} at +-{r['uncertainty']:.0%}), {r['deciding']} decides "
-        f"({r['ratio if deciding x clock']:.2f} if it followed the SM clock instead)") for r in small}
-    evidence[f"tie: bandwidth parts / matmul time on the {here.name}"] = round(step_model.tie_share(here, a100, ada), 2)
+        f"({r['ratio if deciding x clock']:.2f} if it followed the SMs' clock instead)") for r in small}
+    padded = {(r["model"], r["batch"]): r["mean_padded_len"] for r in rows}
+    ties = [step_model.tie_share(here, a100, ada, step_model.matmul_flops(
+        models.MODELS[r["model"]], r["batch"], padded[r["model"], r["batch"]])) for r in small]
+    evidence[f"tie: bandwidth parts / matmul time on the {here.name}"] = _span(ties)
     unpaced = model.unpaced_parts()
     evidence["parts paced by the bandwidth or the clock (under "
              f"{step_model.PACED_FRACTION:.0%} of the {here.name}'s bandwidth)"] = ", ".join(unpaced) or "none"
@@ -370,7 +374,7 @@ def a100_small_batches(load: Loader, gpu: str) -> Verdict:
     if all(f == UNDECIDED for f in faster):
         deciding = sorted({r["deciding"] for r in small})
         return Verdict(UNDECIDED, rule, evidence, "every projected range holds 1" + (
-            f": {', '.join(deciding)} decides, and whether the bandwidth or the SM clock paces it sets the sign"
+            f": {', '.join(deciding)} decides, and whether the bandwidth or the SMs' clock paces it sets the sign"
             if set(deciding) <= set(unpaced) else ""))
     return Verdict(PARTLY, rule, evidence)
 
@@ -416,7 +420,7 @@ OUTPUT_LENGTHS = (64, 256, 1024, 2048)  # new tokens after a 32-token prompt
 def ada_generates_faster(load: Loader, gpu: str) -> Verdict:
     rule = ("stock generate()'s time per token, split into device and host (results/<gpu>/step_parts.json, "
             "contexts 64-2048), summed over outputs of " + ", ".join(map(str, OUTPUT_LENGTHS)) + " new tokens with "
-            "the host's time held at its measured value and the device's scaled by HBM bandwidth or by the SM "
+            "the host's time held at its measured value and the device's scaled by HBM bandwidth or by the SMs x "
             "boost clock (what paces a decode kernel is not known from one GPU): the Ada's tokens/s over the "
             "A100's above 1 under both at every length: confirmed if it grows with the length under both, else "
             "partly; below 1 under both at every length: refuted; otherwise: not decided. The course's graphed "

@@ -253,14 +253,14 @@ def test_a100_small_batches_flips_with_the_parts_and_the_error():
     host_bound = _with_sweep(_parts(train_bandwidth_ms=300.0, host_ms=1e5))
     assert judge("a100-small-batches", host_bound).verdict == UNDECIDED
     # a narrow margin: decided when the model meets the sweep, not when it misses it by 38% (steps 1.6x its own)
-    narrow = _parts(streamed=0.8, matmul_ms=42.0)
+    narrow = _parts(streamed=0.8, matmul_ms=16.0)
     assert judge("a100-small-batches", _with_sweep(narrow)).verdict == CONFIRMED
     assert judge("a100-small-batches", _with_sweep(narrow, off=0.6)).verdict == UNDECIDED
-    assert judge("a100-small-batches", _with_sweep(_parts(streamed=0.8, matmul_ms=20.0), off=0.6)).verdict == PARTLY
+    assert judge("a100-small-batches", _with_sweep(_parts(streamed=0.8, matmul_ms=8.0), off=0.6)).verdict == PARTLY
 
 
 def test_a100_small_batches_reads_the_re_timed_steps():
-    narrow = _with_sweep(_parts(streamed=0.8, matmul_ms=42.0), off=0.6)  # the sweep's few steps, 60% off the model
+    narrow = _with_sweep(_parts(streamed=0.8, matmul_ms=16.0), off=0.6)  # the sweep's few steps, 60% off the model
     assert judge("a100-small-batches", narrow).verdict == UNDECIDED
     model = step_model.StepModel.from_records(narrow["step_parts", "h200"], H200_SPEC)
     retimed = [{"point": r["point"], "status": "ok", "git_commit": "c" * 40, "measured_at": "2026-12-05T10:00",

@@ -92,7 +92,7 @@ def test_decode_projection_holds_the_host_and_scales_the_device():
         "bandwidth": [pytest.approx(1.0)] * 2, "clock": [pytest.approx(1.0)] * 2}
     lead = step_model.decode_lead(device_only, H200, A100, ADA, [64])
     assert lead["bandwidth"][0] == pytest.approx(ADA.bandwidth_gbps / A100.bandwidth_gbps)
-    assert lead["clock"][0] == pytest.approx(ADA.boost_mhz / A100.boost_mhz)
+    assert lead["clock"][0] == pytest.approx(ADA.sms * ADA.boost_mhz / (A100.sms * A100.boost_mhz))  # SMs x boost clock
     assert step_model.decode_seconds(host_only, H200, A100, 100, "bandwidth") == pytest.approx(2.0)
     with pytest.raises(ValueError, match="scaling"):
         step_model.decode_seconds(host_only, H200, A100, 10, "power")

@@ -4,9 +4,10 @@ that part depends on.
 
 Parts and what scales them (``PARTS``):
 
-* ``matmul``: every GEMM (the frozen nf4 linears after dequantisation, LoRA, the lm_head, eager
-  attention's Q Kᵀ and P V): FLOPs at the card's bf16 tensor rate (:func:`matmul_flops` splits them by the data
-  type they run in);
+* ``matmul``: every GEMM, FLOPs in two classes (:func:`matmul_flops`), each at its own datasheet rate: the
+  frozen nf4 linears after dequantisation multiply in bf16 (tensor cores); LoRA, the lm_head and eager
+  attention's Q Kᵀ and P V in fp32 (CUDA cores: TF32 is off), because peft's k-bit preparation keeps the
+  norms, embeddings and lm_head in fp32, so the hidden states (and q, k, v) are fp32;
 * ``nf4 dequantise``: bytes (packed weights in, bf16 out, three passes) at the card's bandwidth;
 * ``softmax``: eager attention's S x S scores, written and read in fp32: bytes at the bandwidth;
 * ``optimizer``: AdamW over the LoRA weights: bytes at the bandwidth;
@@ -46,7 +47,7 @@ LINEARS_PER_LAYER = 7  # q, k, v, o, gate, up, down: each an nf4 matrix
 PARTS = {"matmul": "tensor", "nf4 dequantise": "bandwidth", "softmax": "bandwidth", "optimizer": "bandwidth",
          "element-wise": "bandwidth", "host": "host"}
 SCALES = ("tensor", "bandwidth", "host")
-GEMM_CLASSES = ("bf16", "fp32")  # the data types the matmul part's products run in
+GEMM_CLASSES = ("bf16", "fp32")  # the matmul part's data types: bf16 on the tensor cores, fp32 on the CUDA cores
 KERNEL_PARTS = (("nf4 dequantise", r"dequant"),
                 ("softmax", r"softmax"),
                 ("optimizer", r"adam|foreach|multi_tensor"),
@@ -130,22 +131,42 @@ def launches(spec: ModelSpec) -> dict[str, int]:
 PACED_FRACTION = 0.5  # a bandwidth part that streams at least this fraction of the datasheet bandwidth is paced by it
 
 
-def rate(card: GpuSpec, part: str) -> float:
-    """The datasheet rate ``part`` runs against on ``card``: FLOP/s, bytes/s, or 1 for the host."""
+def clock_rate(card: GpuSpec) -> float:
+    """``card``'s SMs times their boost clock (MHz): what a kernel paced by its instructions' latency follows when
+    its programs fill every SM. An upper bound: the clock a card sustains under load is lower, and no datasheet
+    gives it."""
+    return card.sms * card.boost_mhz
+
+
+def class_rate(card: GpuSpec, gemm_class: str) -> float:
+    """``card``'s datasheet FLOP/s for one of ``GEMM_CLASSES``: the bf16 tensor-core rate, or fp32 on the CUDA cores."""
+    rates = {"bf16": card.tensor_tflops, "fp32": card.fp32_tflops}
+    if gemm_class not in rates:
+        raise ValueError(f"gemm_class must be one of {GEMM_CLASSES}, got {gemm_class!r}")
+    return rates[gemm_class] * 1e12
+
+
+def rate(card: GpuSpec, part: str, flops: dict[str, float] | None = None) -> float:
+    """The datasheet rate ``part`` runs against on ``card``: FLOP/s, bytes/s, or 1 for the host. For ``matmul``,
+    ``flops`` (:func:`matmul_flops`) blends the classes' rates by their FLOPs, as the time they take at their own
+    rates adds up; without it, the bf16 tensor rate alone."""
     scale = PARTS[part]
     if scale == "tensor":
-        return card.tensor_tflops * 1e12
+        if not flops:
+            return class_rate(card, "bf16")
+        return sum(flops.values()) / sum(f / class_rate(card, c) for c, f in flops.items())
     return card.bandwidth_gbps * 1e9 if scale == "bandwidth" else 1.0
 
 
 def build_terms(reference: dict, card: GpuSpec) -> dict[str, float]:
     """Each part's efficiency at the measured ``reference`` record (a fraction of ``card``'s datasheet rate;
     for the host, seconds per layer-pass)."""
-    w = work(MODELS[reference["model"]], reference["batch_size"], reference["mean_padded_len"])
+    spec, batch, padded = MODELS[reference["model"]], reference["batch_size"], reference["mean_padded_len"]
+    w, flops = work(spec, batch, padded), matmul_flops(spec, batch, padded)
     terms = {}
     for part in PARTS:
         seconds = reference[f"{part} ms"] / 1e3
-        terms[part] = seconds / w[part] if part == "host" else w[part] / (seconds * rate(card, part))
+        terms[part] = seconds / w[part] if part == "host" else w[part] / (seconds * rate(card, part, flops))
     return terms
 
 
@@ -178,7 +199,8 @@ class StepModel:
 
     def unpaced_parts(self, paced: float = PACED_FRACTION) -> tuple[str, ...]:
         """The bandwidth parts that reach less than ``paced`` of the datasheet bandwidth at some reference: what
-        paces them, their bytes or their kernels' fixed latency (the SM clock), is not known from one GPU."""
+        paces them, their bytes or their kernels' fixed latency (the SMs' clock, :func:`clock_rate`), is not known
+        from one GPU."""
         built = [build_terms(r, self.here) for r in self.references]
         return tuple(p for p, scale in PARTS.items() if scale == "bandwidth" and min(b[p] for b in built) < paced)
 
@@ -188,18 +210,19 @@ class StepModel:
         """Seconds of each part on ``card``, the device's sum, and the step: device + host (``overlap``
         False: the device waits for all of the host's time, as measured here) or the larger of the two (the
         host's work hidden behind a slower device). ``factors``: a multiplier per scale (``SCALES``).
-        ``clock_parts``: parts scaled from this GPU by the SM boost clock instead of their rate (a what-if:
+        ``clock_parts``: parts scaled from this GPU by :func:`clock_rate` instead of their rate (a what-if:
         kernels paced by their fixed latency rather than by FLOP/s or bytes)."""
         terms, w = self.terms(batch, padded_len), work(MODELS[model], batch, padded_len)
+        flops = matmul_flops(MODELS[model], batch, padded_len)
         factors = factors or {}
         parts = {}
         for p in PARTS:
             if p == "host":
                 seconds = terms[p] * w[p]
             elif p in clock_parts:
-                seconds = w[p] / (terms[p] * rate(self.here, p)) * self.here.boost_mhz / card.boost_mhz
+                seconds = w[p] / (terms[p] * rate(self.here, p, flops)) * clock_rate(self.here) / clock_rate(card)
             else:
-                seconds = w[p] / (terms[p] * rate(card, p))
+                seconds = w[p] / (terms[p] * rate(card, p, flops))
             parts[p] = factors.get(PARTS[p], 1.0) * seconds
         device = sum(v for p, v in parts.items() if p != "host")
         step = max(device, parts["host"]) if overlap else device + parts["host"]
@@ -244,9 +267,9 @@ def compare(step_model: StepModel, model: str, batch: int, padded_len: float, a:
     """``b``'s step time over ``a``'s: the nominal ratio (host added in full) and its range when each scale's
     time (tensor, bandwidth, host) is off by up to ``error`` (the same on both cards: the same software), the
     host is added or hidden, and the bandwidth parts that stream far below the bandwidth
-    (:meth:`StepModel.unpaced_parts`) follow it or the SM clock; the part that contributes most to the
+    (:meth:`StepModel.unpaced_parts`) follow it or the SMs' clock; the part that contributes most to the
     difference in the device's time (in its direction), its seconds, and the nominal ratio if that part alone
-    followed the SM clock instead."""
+    followed the SMs' clock instead."""
     if not 0 <= error < 1:
         raise ValueError(f"error must be in [0, 1), got {error}")
     ratios = []
@@ -265,10 +288,12 @@ def compare(step_model: StepModel, model: str, batch: int, padded_len: float, a:
             "deciding_s": pb[deciding] - pa[deciding], "ratio if deciding x clock": cb["step_s"] / ca["step_s"]}
 
 
-def tie_share(here: GpuSpec, a: GpuSpec, b: GpuSpec) -> float:
+def tie_share(here: GpuSpec, a: GpuSpec, b: GpuSpec, flops: dict[str, float] | None = None) -> float:
     """The bandwidth parts' time over the matmuls' time (both on ``here``) at which ``a`` and ``b`` take the
-    same device time: above it the card with more bandwidth is faster, below it the one with more FLOP/s."""
-    tensor = here.tensor_tflops / b.tensor_tflops - here.tensor_tflops / a.tensor_tflops
+    same device time: above it the card with more bandwidth is faster, below it the one with more FLOP/s.
+    ``flops``: the matmuls' FLOPs by class (:func:`matmul_flops`); without them, all at the bf16 tensor rate."""
+    matmul = rate(here, "matmul", flops)
+    tensor = matmul / rate(b, "matmul", flops) - matmul / rate(a, "matmul", flops)
     bandwidth = here.bandwidth_gbps / b.bandwidth_gbps - here.bandwidth_gbps / a.bandwidth_gbps
     if tensor * bandwidth >= 0:
         raise ValueError(f"{a.name} and {b.name}: one has both more FLOP/s and more bandwidth; no tie")
@@ -300,7 +325,7 @@ def decode_seconds(records: list[dict], here: GpuSpec, card: GpuSpec, new_tokens
     """Seconds a decoder takes for ``new_tokens`` after a ``prompt_tokens`` prompt on ``card``, from its
     records measured on ``here`` (``what``: "decode_parts", stock ``generate()``; "graphed_decode_parts", the
     course's graphed decoder): each token's host time as measured at its context and its device time scaled by
-    ``scaling`` ("bandwidth": HBM bandwidth; "clock": the SM boost clock), both interpolated linearly between
+    ``scaling`` ("bandwidth": HBM bandwidth; "clock": :func:`clock_rate`), both interpolated linearly between
     the measured contexts (the end values outside them)."""
     if scaling not in DEVICE_SCALINGS:
         raise ValueError(f"scaling must be one of {DEVICE_SCALINGS}, got {scaling!r}")
@@ -309,7 +334,8 @@ def decode_seconds(records: list[dict], here: GpuSpec, card: GpuSpec, new_tokens
     recs = sorted((r for r in records if r.get("what") == what and r.get("kv_cache")), key=lambda r: r["context"])
     if not recs or new_tokens < 1:
         raise ValueError(f"need {what} records (with the KV cache) and new_tokens >= 1, got {new_tokens}")
-    factor = (here.bandwidth_gbps / card.bandwidth_gbps if scaling == "bandwidth" else here.boost_mhz / card.boost_mhz)
+    by_bandwidth = scaling == "bandwidth"
+    factor = here.bandwidth_gbps / card.bandwidth_gbps if by_bandwidth else clock_rate(here) / clock_rate(card)
     context = np.arange(prompt_tokens, prompt_tokens + new_tokens)
     measured = [r["context"] for r in recs]
     host = np.interp(context, measured, [r["host_s_per_token"] for r in recs])
@@ -341,7 +367,7 @@ def measure_train_parts(model_name: str, batch: int, data: TokenizedData, device
     times = time_steps(step, batches, device, warmup)[0]
     todo = iter(batches[warmup - 1:])  # the last warm-up batch warms the profiler up, then the timed ones
     parts, matmul_kernels = split_parts(profile_kernels(lambda: step(next(todo)), reps=timed))
-    with GemmCount() as count:  # one more step, its products counted by data type beside matmul_flops' count
+    with GemmCount() as count:  # one more step, its products counted by data type against matmul_flops' count
         step(batches[-1])
     padded_to = batches[-1]["input_ids"].shape[1]
     gemm_flops = {"GFLOP counted at padded length": padded_to,
