@@ -15,7 +15,7 @@ from typing import Callable, NamedTuple
 
 import pandas as pd
 
-from .studies import attention_designs, eager_chain
+from .studies import attention_designs, bandwidth_elasticity, eager_chain, roofline
 from . import results, datasheets
 from .device import SCALE
 from .finetune import analysis, retime, step_model
@@ -324,59 +324,132 @@ def _seed_records(load: Loader, res: results.Result) -> list[dict]:
 SMALL_BATCH = 4  # "small batches": the seed's claim, judged at batch sizes up to this
 
 
-def a100_small_batches(load: Loader, gpu: str) -> Verdict:
-    rule = ("the part-by-part step model (results/<gpu>/step_parts.json: each part's measured time scaled by the "
-            "datasheet rate it depends on, the host's held fixed), its uncertainty per model the largest error on "
-            "the sweep's steps it was not built from (finetune.json; finetune_timing.json's times over 10 steps "
-            "where a point was re-timed), projects the Ada's step time over the A100's "
-            f"at every 7B and 13B batch <= {SMALL_BATCH} that trained under both caps, as a range (each scale's "
-            "time off by that error, the host added or hidden, and each bandwidth part that streams under "
-            f"{step_model.PACED_FRACTION:.0%} of the datasheet bandwidth here scaled by the bandwidth or by the "
-            "SMs x boost clock, since one GPU cannot tell which paces it): above 1 at every point: confirmed; "
-            "below 1 at every point: refuted; above 1 at some and holding 1 at the others, or mixed: partly; holding 1 "
-            "everywhere: not decided")
+def _own(load: Loader, topic: str, gpu: str) -> results.Result | None:
+    """``gpu``'s own file of ``topic`` (not another GPU's standing in for it), or None."""
+    got = load(topic, gpu)
+    return got if got is not None and got.path.parent.name == gpu else None
+
+
+def measured_elasticities(load: Loader, parts: dict[str, str]) -> dict[str, float]:
+    """Notebook 10's measured bandwidth elasticity, the H100's run against the H200's, of each part in ``parts``
+    (our name -> its name in ``bandwidth_elasticity.PARTS``): the median over the configurations both GPUs
+    measured. Parts that either GPU lacks are left out."""
+    gpus = (bandwidth_elasticity.SLOW, bandwidth_elasticity.FAST)
+    ceilings = [_own(load, "ceilings", g) for g in gpus]
+    if None in ceilings:
+        return {}
+    bw = tuple(roofline.ceiling_values(c.records)["copy"] for c in ceilings)
+    devices = tuple((d.records[0] if (d := _own(load, "device", g)) else {}) for g in gpus)
+    by_name = {p.name: p for p in bandwidth_elasticity.PARTS}
+    found = {}
+    for ours, name in parts.items():
+        part = by_name[name]
+        row = bandwidth_elasticity.build_row(part, *(_own(load, part.topic, g) for g in gpus), bw, devices)
+        if row.status == "compared":
+            found[ours] = row.e
+    return found
+
+
+STEP_ELASTIC_PARTS = {p: f"QLoRA step: {p}" for p, scale in step_model.PARTS.items() if scale == "bandwidth"}
+DECODE_ELASTIC_PARTS = {"decode_parts": "decode parts, eager: device",
+                        "graphed_decode_parts": "decode parts, graphed: device"}
+
+
+def transfer_errors(load: Loader, fit_gpu: str) -> dict[str, float]:
+    """The error of the step model built on ``fit_gpu`` on a GPU it was not built from, per model: the largest
+    |step-time error| of the reference GPU's transfer test (``step_model_validation.json``, notebook 10) of that
+    model, or {} without one."""
+    test = _own(load, "step_model_validation", results.REFERENCE_GPU)
+    errors: dict[str, float] = {}
+    for r in (r for r in (test.records if test else []) if r.get("fit_gpu") == fit_gpu):
+        errors[r["model"]] = max(errors.get(r["model"], 0.0), abs(r["error"]))
+    return errors
+
+
+def small_batch_projection(load: Loader, gpu: str) -> tuple[list[dict], dict] | str:
+    """The A100-against-Ada projection of every 7B and 13B batch <= ``SMALL_BATCH`` that trained under both caps
+    (``step_model.rank``'s rows) and what it was built from; or why it cannot be made."""
     sweep_run = load("finetune", gpu)  # the model's error is measured on this sweep: its parts from the same GPU
     parts = load("step_parts", sweep_run.path.parent.name if sweep_run else gpu)
     if parts is None or not any(r.get("what") == "train_parts" for r in parts.records):
-        return Verdict(UNDECIDED, rule, {},
-                       "no measured part-by-part step model; the step model fitted to the sweep's step times "
-                       "has no bandwidth term that the data can separate, so it ranks the card with more FLOP/s "
-                       "first whatever the cards' bandwidths: it cannot rank the A100 against the Ada")
+        return ("no measured part-by-part step model; the step model fitted to the sweep's step times has no "
+                "bandwidth term that the data can separate, so it ranks the card with more FLOP/s first whatever "
+                "the cards' bandwidths: it cannot rank the A100 against the Ada")
     if sweep_run is None:
-        return Verdict(UNDECIDED, rule, {}, "no sweep (finetune.json): the step model's error is not measured")
+        return "no sweep (finetune.json): the step model's error is not measured"
     main = _seed_records(load, sweep_run)
     here = _card(parts)
     if here is None:
-        return Verdict(UNDECIDED, rule, {}, f"no datasheet row for {parts.provenance.get('gpu')}")
+        return f"no datasheet row for {parts.provenance.get('gpu')}"
     a100, ada = datasheets.by_name("A100 40GB SXM"), datasheets.by_name("RTX 6000 Ada")
     model = step_model.StepModel.from_records(parts.records, here)
     rows = step_model.validate(model, main)
-    small = [r for r in step_model.rank(model, rows, a100, ada)
+    transfer = transfer_errors(load, parts.path.parent.name)
+    errors = {**step_model.uncertainty(rows), **transfer} if rows else {}
+    elastic = measured_elasticities(load, STEP_ELASTIC_PARTS)
+    small = [r for r in step_model.rank(model, rows, a100, ada, errors, elastic or None)
              if r["model"] in ("7b", "13b") and r["batch"] <= SMALL_BATCH
              and all(analysis.status(main, r["model"], r["batch"], cap) == "ok" for cap in (40, 48))]
     if not small:
-        return Verdict(UNDECIDED, rule, {}, f"no 7B or 13B batch <= {SMALL_BATCH} trained under both caps")
+        return f"no 7B or 13B batch <= {SMALL_BATCH} trained under both caps"
+    return small, {"model": model, "here": here, "a100": a100, "ada": ada, "rows": rows, "elastic": elastic,
+                   "transfer": transfer}
+
+
+def a100_small_batches(load: Loader, gpu: str) -> Verdict:
+    rule = ("the part-by-part step model (results/<gpu>/step_parts.json: each part's measured time scaled by the "
+            "datasheet rate it depends on, the host's held fixed) projects the Ada's step time over the A100's at "
+            f"every 7B and 13B batch <= {SMALL_BATCH} that trained under both caps, as a range: each scale's time "
+            "off by the model's error per model (its largest on a GPU it was not built from, notebook 10's transfer "
+            "test, where measured; else on the sweep's steps it was not built from), the host added or hidden, and "
+            "each bandwidth part scaled by its bandwidth elasticity measured between the H100 and the H200 "
+            "(notebook 10), the rest of its time fixed or following the SMs x boost clock (without that "
+            f"measurement: a part streaming under {step_model.PACED_FRACTION:.0%} of the datasheet bandwidth "
+            "follows the bandwidth or the clock). Above 1 at every point: confirmed; below 1 at every point: "
+            "refuted; above 1 at some: partly; otherwise (holding 1 everywhere, or below 1 at some and holding 1 "
+            "at the others): not decided")
+    got = small_batch_projection(load, gpu)
+    if isinstance(got, str):
+        return Verdict(UNDECIDED, rule, {}, got)
+    small, built = got
+    here, a100, ada, elastic = built["here"], built["a100"], built["ada"], built["elastic"]
+    what_if = "the rest of its time followed the SMs' clock" if elastic else "it followed the SMs' clock instead"
     evidence = {f"{r['model']} batch {r['batch']}: Ada / A100 step time": (
         f"{r['ratio']:.2f} ({r['low']:.2f}-{r['high']:.2f} at +-{r['uncertainty']:.0%}), {r['deciding']} decides "
-        f"({r['ratio if deciding x clock']:.2f} if it followed the SMs' clock instead)") for r in small}
-    padded = {(r["model"], r["batch"]): r["mean_padded_len"] for r in rows}
+        f"({r['clock what-if']:.2f} if {what_if})") for r in small}
+    padded = {(r["model"], r["batch"]): r["mean_padded_len"] for r in built["rows"]}
     ties = [step_model.tie_share(here, a100, ada, step_model.matmul_flops(
         models.MODELS[r["model"]], r["batch"], padded[r["model"], r["batch"]])) for r in small]
     evidence[f"tie: bandwidth parts / matmul time on the {here.name}"] = _span(ties)
-    unpaced = model.unpaced_parts()
-    evidence["parts paced by the bandwidth or the clock (under "
-             f"{step_model.PACED_FRACTION:.0%} of the {here.name}'s bandwidth)"] = ", ".join(unpaced) or "none"
+    if built["transfer"]:
+        evidence["error on another GPU (H200-built model, H100 steps)"] = ", ".join(
+            f"{m} {e:.0%}" for m, e in sorted(built["transfer"].items()))
+    if elastic:
+        evidence["bandwidth elasticity, H100 against H200"] = ", ".join(f"{p} {e:.2f}" for p, e in elastic.items())
+    unpaced = () if elastic else built["model"].unpaced_parts()
+    if not elastic:
+        evidence["parts paced by the bandwidth or the clock (under "
+                 f"{step_model.PACED_FRACTION:.0%} of the {here.name}'s bandwidth)"] = ", ".join(unpaced) or "none"
     faster = [r["faster"] for r in small]
     if all(f == a100.name for f in faster):
         return Verdict(CONFIRMED, rule, evidence)
     if all(f == ada.name for f in faster):
         return Verdict(REFUTED, rule, evidence)
-    if all(f == UNDECIDED for f in faster):
-        deciding = sorted({r["deciding"] for r in small})
-        return Verdict(UNDECIDED, rule, evidence, "every projected range holds 1" + (
-            f": {', '.join(deciding)} decides, and whether the bandwidth or the SMs' clock paces it sets the sign"
-            if set(deciding) <= set(unpaced) else ""))
-    return Verdict(PARTLY, rule, evidence)
+    if a100.name in faster:
+        return Verdict(PARTLY, rule, evidence)
+    if ada.name in faster:
+        return Verdict(UNDECIDED, rule, evidence, "the Ada is projected faster at " + ", ".join(
+            f"{r['model']} batch {r['batch']}" for r in small if r["faster"] == ada.name)
+            + "; the other points' ranges hold 1. Deciding those needs the steps timed on an A100 and an Ada")
+    deciding = sorted({r["deciding"] for r in small})
+    if elastic:
+        return Verdict(UNDECIDED, rule, evidence, (
+            "every projected range holds 1: the model's error on another GPU and whether the rest of "
+            f"{', '.join(deciding)}'s time follows the SMs' clock span both sides; deciding it needs the step "
+            "timed on an A100 and an Ada, or the parts' clock elasticity (the same GPU at two SM clocks)"))
+    return Verdict(UNDECIDED, rule, evidence, "every projected range holds 1" + (
+        f": {', '.join(deciding)} decides, and whether the bandwidth or the SMs' clock paces it sets the sign"
+        if set(deciding) <= set(unpaced) else ""))
 
 
 def oom_7b(load: Loader, gpu: str) -> Verdict:
@@ -417,14 +490,19 @@ def only_48gb_70b(load: Loader, gpu: str) -> Verdict:
 OUTPUT_LENGTHS = (64, 256, 1024, 2048)  # new tokens after a 32-token prompt
 
 
+def _lead_text(lead: list[float]) -> str:
+    return ", ".join(f"{n}: {x:.2f}" for n, x in zip(OUTPUT_LENGTHS, lead))
+
+
 def ada_generates_faster(load: Loader, gpu: str) -> Verdict:
     rule = ("stock generate()'s time per token, split into device and host (results/<gpu>/step_parts.json, "
             "contexts 64-2048), summed over outputs of " + ", ".join(map(str, OUTPUT_LENGTHS)) + " new tokens with "
-            "the host's time held at its measured value and the device's scaled by HBM bandwidth or by the SMs x "
-            "boost clock (what paces a decode kernel is not known from one GPU): the Ada's tokens/s over the "
-            "A100's above 1 under both at every length: confirmed if it grows with the length under both, else "
-            "partly; below 1 under both at every length: refuted; otherwise: not decided. The course's graphed "
-            "decoder (notebook 07), projected the same way, is shown beside it as evidence")
+            "the host's time held at its measured value and the device's scaled by HBM bandwidth with its "
+            "bandwidth elasticity measured between the H100 and the H200 (notebook 10), the rest fixed or "
+            "following the SMs x boost clock (without that measurement: by the bandwidth or by the clock): the "
+            "Ada's tokens/s over the A100's above 1 under both at every length: confirmed if it grows with the "
+            "length under both, else partly; below 1 under both at every length: refuted; otherwise: not decided. "
+            "The course's graphed decoder (notebook 07), projected the same way, is shown beside it as evidence")
     parts = load("step_parts", gpu)
     decode = [r for r in parts.records if r.get("what") == "decode_parts" and r.get("kv_cache")] if parts else []
     if len(decode) < 2:
@@ -435,24 +513,35 @@ def ada_generates_faster(load: Loader, gpu: str) -> Verdict:
     if here is None:
         return Verdict(UNDECIDED, rule, {}, f"no datasheet row for {parts.provenance.get('gpu')}")
     a100, ada = datasheets.by_name("A100 40GB SXM"), datasheets.by_name("RTX 6000 Ada")
-    lead = step_model.decode_lead(decode, here, a100, ada, list(OUTPUT_LENGTHS))
-    evidence = {f"Ada tokens/s over the A100's, device x {s}": ", ".join(f"{n}: {x:.2f}" for n, x in
-                                                                        zip(OUTPUT_LENGTHS, v))
-                for s, v in lead.items()}
+    elastic = measured_elasticities(load, DECODE_ELASTIC_PARTS)
+
+    def scaling(what: str, s: str) -> str:
+        e = elastic.get(what)
+        if e is None:
+            return f"device x {s}"
+        return f"device x bandwidth^{e:.2f}" + (f" x clock^{1 - e:.2f}" if s == "clock" else ", the rest fixed")
+
+    lead = step_model.decode_lead(decode, here, a100, ada, list(OUTPUT_LENGTHS),
+                                  elasticity=elastic.get("decode_parts"))
+    evidence = {f"Ada tokens/s over the A100's, {scaling('decode_parts', s)}": _lead_text(v) for s, v in lead.items()}
     evidence["host share of the measured time per token"] = _span(
         [r["host_s_per_token"] / r["s_per_token"] for r in decode if r["s_per_token"] > 0])
     graphed = [r for r in parts.records if r.get("what") == "graphed_decode_parts"]
     if graphed:  # the course's decoder, the host out of the way: what the device alone gives (not the seed's path)
-        for s, v in step_model.decode_lead(graphed, here, a100, ada, list(OUTPUT_LENGTHS),
-                                           what="graphed_decode_parts").items():
-            evidence[f"course's graphed decoder, Ada over A100, device x {s}"] = ", ".join(
-                f"{n}: {x:.2f}" for n, x in zip(OUTPUT_LENGTHS, v))
+        for s, v in step_model.decode_lead(graphed, here, a100, ada, list(OUTPUT_LENGTHS), what="graphed_decode_parts",
+                                           elasticity=elastic.get("graphed_decode_parts")).items():
+            evidence[f"course's graphed decoder, Ada over A100, {scaling('graphed_decode_parts', s)}"] = _lead_text(v)
     every = [x for v in lead.values() for x in v]
     if all(x > 1 for x in every):
         growing = all(all(q > p for p, q in zip(v, v[1:])) for v in lead.values())
         return Verdict(CONFIRMED if growing else PARTLY, rule, evidence)
     if all(x < 1 for x in every):
         return Verdict(REFUTED, rule, evidence)
+    if "decode_parts" in elastic:
+        return Verdict(UNDECIDED, rule, evidence, (
+            f"the device's time follows the bandwidth by {elastic['decode_parts']:.2f} (measured); the Ada leads if "
+            "the rest follows the SMs' clock and trails if it is fixed. Deciding it needs that rest's clock "
+            "elasticity (the same GPU at two SM clocks) or the two cards"))
     return Verdict(UNDECIDED, rule, evidence, "the Ada leads if a decode kernel's time follows the clock and "
                    "trails if it follows the bandwidth; the host's time, the same on both, is most of each token")
 

@@ -1,9 +1,10 @@
 """helpers.claims: each verdict follows from the records, and flips when the records say otherwise."""
+import math
 from pathlib import Path
 
 import pytest
 
-from helpers.studies import eager_chain
+from helpers.studies import eager_chain, roofline
 from helpers import claims, datasheets, results
 from helpers.llama import models
 from helpers.finetune import retime, step_model
@@ -384,3 +385,35 @@ def test_a100_small_batches_takes_the_parts_of_the_gpu_that_ran_the_sweep():
 
     claim = next(c for c in claims.CLAIMS if c.id == "a100-small-batches")
     assert claim.judge(falling_back, "h100-80gb-hbm3").verdict == CONFIRMED
+
+
+def test_the_projection_reads_the_measured_elasticities_and_the_transfer_error():
+    slow, fast = results.REFERENCE_GPU, results.SECOND_GPU
+    files = _with_sweep(_parts(train_bandwidth_ms=300.0))
+    files.update({(topic, g): results.load(topic, gpu=g).records for topic in ("ceilings", "device")
+                  for g in (slow, fast)})  # the two GPUs' measured copy bandwidths
+    assert claims.measured_elasticities(loader(files), claims.STEP_ELASTIC_PARTS) == {}  # no H100 step parts
+    files["step_parts", slow] = [{**r, "element-wise ms": 1.2 * r["element-wise ms"]} if r["what"] == "train_parts"
+                                 else r for r in files["step_parts", fast]]  # only element-wise slower on the H100
+    bw_slow, bw_fast = (roofline.ceiling_values(files["ceilings", g])["copy"] for g in (slow, fast))
+    got = claims.measured_elasticities(loader(files), claims.STEP_ELASTIC_PARTS)
+    assert got["element-wise"] == pytest.approx(math.log(1.2) / math.log(bw_fast / bw_slow))
+    assert got["softmax"] == pytest.approx(0.0)
+    files["step_model_validation", slow] = [{"fit_gpu": fast, "model": "7b", "error": e} for e in (-0.3, 0.1)] + [
+        {"fit_gpu": slow, "model": "7b", "error": 0.9}]  # another model's test: not this one's error
+    assert claims.transfer_errors(loader(files), fast) == {"7b": pytest.approx(0.3)}
+    v = judge("a100-small-batches", files)
+    assert v.evidence["error on another GPU (H200-built model, H100 steps)"] == "7b 30%"
+    assert "element-wise" in v.evidence["bandwidth elasticity, H100 against H200"]
+    assert all("+-30%" in x for k, x in v.evidence.items() if k.endswith("Ada / A100 step time"))
+
+
+def test_a100_small_batches_is_not_partly_true_where_only_the_ada_is_projected_faster(monkeypatch):
+    files = _with_sweep(_parts(train_bandwidth_ms=300.0))
+    real = step_model.rank
+
+    def rank(*args, **kwargs):  # the Ada faster at batch 1, the other ranges holding 1
+        return [{**r, "faster": "RTX 6000 Ada" if r["batch"] == 1 else UNDECIDED} for r in real(*args, **kwargs)]
+    monkeypatch.setattr(claims.step_model, "rank", rank)
+    v = judge("a100-small-batches", files)
+    assert v.verdict == UNDECIDED and "the Ada is projected faster at 7b batch 1;" in v.why

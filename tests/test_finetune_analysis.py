@@ -78,7 +78,7 @@ def test_the_card_comparison_follows_the_parts_and_widens_with_the_error():
     assert step_model.PARTS[narrow["deciding"]] == "bandwidth"  # what makes the Ada slower here
     assert step_model.compare(flops_only, "7b", 4, 500.0, A100, ADA, 0.0)["deciding"] == "matmul"
     # the deciding bandwidth part paced by the clock instead: the Ada's 2,505 MHz makes it shorter there
-    assert narrow["ratio if deciding x clock"] < narrow["ratio"]
+    assert narrow["clock what-if"] < narrow["ratio"]
     assert step_model.tie_share(H200, A100, ADA) == pytest.approx(0.24, abs=0.01)
     with pytest.raises(ValueError, match="no tie"):
         step_model.tie_share(A100, H200, A100)  # H200 has both more FLOP/s and more bandwidth than the A100
@@ -158,3 +158,32 @@ def test_split_parts_sums_each_part_and_names_the_longest_matmuls():
     assert fields["matmul kernel 1, ms a step"] == pytest.approx(2.0)
     assert len(fields) == 2 * step_model.MATMUL_KERNELS_KEPT
     results._check_records([{**parts, **fields}])  # flat: a results file can hold them
+
+
+def test_a_measured_bandwidth_elasticity_splits_a_part_between_the_bandwidth_and_the_rest():
+    bw, clock = A100.bandwidth_gbps / ADA.bandwidth_gbps, (A100.sms * A100.boost_mhz) / (ADA.sms * ADA.boost_mhz)
+    assert step_model.elastic_factor(A100, ADA, 1.0, "fixed") == pytest.approx(bw)  # all bandwidth
+    assert step_model.elastic_factor(A100, ADA, 0.0, "fixed") == pytest.approx(1.0)  # a latency no card changes
+    assert step_model.elastic_factor(A100, ADA, 0.0, "clock") == pytest.approx(clock)
+    assert step_model.elastic_factor(A100, ADA, 0.5, "clock") == pytest.approx((bw * clock) ** 0.5)
+    assert step_model.elastic_factor(A100, ADA, 1.4, "clock") == pytest.approx(bw)  # clipped to [0, 1]
+    with pytest.raises(ValueError, match="rest must be one of"):
+        step_model.elastic_factor(A100, ADA, 0.5, "power")
+
+
+def test_measured_elasticities_replace_the_unpaced_parts_either_or():
+    slow = step_model.StepModel.from_records([_reference(4, 500.0, 100.0, 100.0, 1.0)], H200)
+    bandwidth = [p for p, scale in step_model.PARTS.items() if scale == "bandwidth"]
+    full = step_model.compare(slow, "7b", 4, 500.0, A100, ADA, 0.0, {p: 1.0 for p in bandwidth})
+    assert full["low"] == pytest.approx(full["ratio"], rel=1e-3) == pytest.approx(full["high"], rel=1e-3)
+    assert full["ratio"] == pytest.approx(step_model.compare(slow, "7b", 4, 500.0, A100, ADA, 0.0)["ratio"])
+    half = step_model.compare(slow, "7b", 4, 500.0, A100, ADA, 0.0, {p: 0.5 for p in bandwidth})
+    assert half["low"] < half["ratio"] < full["ratio"]  # the rest fixed (nominal) is the Ada's slow end
+    assert half["high"] == pytest.approx(half["ratio"], rel=1e-3)
+    host_only = [{"what": "decode_parts", "kv_cache": True, "context": c, "host_s_per_token": 0.0,
+                  "device_s_per_token": 0.01} for c in (64, 2048)]
+    lead = step_model.decode_lead(host_only, H200, A100, ADA, [64], elasticity=0.25)
+    assert set(lead) == set(step_model.REST_SCALINGS)
+    assert lead["fixed"][0] == pytest.approx(1 / step_model.elastic_factor(A100, ADA, 0.25, "fixed"))
+    with pytest.raises(ValueError, match="scaling must be one of"):
+        step_model.decode_seconds(host_only, H200, A100, 10, "bandwidth", elasticity=0.25)

@@ -138,6 +138,21 @@ def clock_rate(card: GpuSpec) -> float:
     return card.sms * card.boost_mhz
 
 
+REST_SCALINGS = ("clock", "fixed")  # what a part's time follows beyond its measured share that follows the bandwidth
+
+
+def elastic_factor(here: GpuSpec, card: GpuSpec, elasticity: float, rest: str) -> float:
+    """``card``'s time over ``here``'s for a part whose time follows HBM bandwidth with the exponent
+    ``elasticity`` (measured between two GPUs that differ only in their memory, notebook 10; clipped to [0, 1])
+    and, with the remaining exponent, the SMs x boost clock (``rest`` "clock": :func:`clock_rate`) or nothing
+    ("fixed": a latency no card changes)."""
+    if rest not in REST_SCALINGS:
+        raise ValueError(f"rest must be one of {REST_SCALINGS}, got {rest!r}")
+    e = min(max(elasticity, 0.0), 1.0)
+    other = clock_rate(here) / clock_rate(card) if rest == "clock" else 1.0
+    return (here.bandwidth_gbps / card.bandwidth_gbps) ** e * other ** (1 - e)
+
+
 def class_rate(card: GpuSpec, gemm_class: str) -> float:
     """``card``'s datasheet FLOP/s for one of ``GEMM_CLASSES``: the bf16 tensor-core rate, or fp32 on the CUDA cores."""
     rates = {"bf16": card.tensor_tflops, "fp32": card.fp32_tflops}
@@ -206,21 +221,26 @@ class StepModel:
 
     def predict(self, model: str, batch: int, padded_len: float, card: GpuSpec,
                 factors: dict[str, float] | None = None, overlap: bool = False,
-                clock_parts: tuple[str, ...] = ()) -> dict[str, float]:
+                clock_parts: tuple[str, ...] = (), elasticities: dict[str, float] | None = None,
+                rest: str = "fixed") -> dict[str, float]:
         """Seconds of each part on ``card``, the device's sum, and the step: device + host (``overlap``
         False: the device waits for all of the host's time, as measured here) or the larger of the two (the
         host's work hidden behind a slower device). ``factors``: a multiplier per scale (``SCALES``).
         ``clock_parts``: parts scaled from this GPU by :func:`clock_rate` instead of their rate (a what-if:
-        kernels paced by their fixed latency rather than by FLOP/s or bytes)."""
+        kernels paced by their fixed latency rather than by FLOP/s or bytes). ``elasticities``: parts scaled
+        from this GPU by their measured bandwidth elasticity and ``rest`` (:func:`elastic_factor`)."""
         terms, w = self.terms(batch, padded_len), work(MODELS[model], batch, padded_len)
         flops = matmul_flops(MODELS[model], batch, padded_len)
-        factors = factors or {}
+        factors, elasticities = factors or {}, elasticities or {}
         parts = {}
         for p in PARTS:
+            here_s = w[p] / (terms[p] * rate(self.here, p, flops)) if p != "host" else 0.0
             if p == "host":
                 seconds = terms[p] * w[p]
+            elif p in elasticities:
+                seconds = here_s * elastic_factor(self.here, card, elasticities[p], rest)
             elif p in clock_parts:
-                seconds = w[p] / (terms[p] * rate(self.here, p, flops)) * clock_rate(self.here) / clock_rate(card)
+                seconds = here_s * clock_rate(self.here) / clock_rate(card)
             else:
                 seconds = w[p] / (terms[p] * rate(card, p, flops))
             parts[p] = factors.get(PARTS[p], 1.0) * seconds
@@ -263,29 +283,37 @@ def uncertainty(rows: list[dict]) -> dict[str, float]:
 
 
 def compare(step_model: StepModel, model: str, batch: int, padded_len: float, a: GpuSpec, b: GpuSpec,
-            error: float) -> dict:
+            error: float, elasticities: dict[str, float] | None = None) -> dict:
     """``b``'s step time over ``a``'s: the nominal ratio (host added in full) and its range when each scale's
     time (tensor, bandwidth, host) is off by up to ``error`` (the same on both cards: the same software), the
     host is added or hidden, and the bandwidth parts that stream far below the bandwidth
     (:meth:`StepModel.unpaced_parts`) follow it or the SMs' clock; the part that contributes most to the
-    difference in the device's time (in its direction), its seconds, and the nominal ratio if that part alone
-    followed the SMs' clock instead."""
+    difference in the device's time (in its direction), its seconds, and a clock what-if: the nominal ratio if
+    that part alone followed the SMs' clock instead.
+
+    With ``elasticities`` (each part's measured bandwidth elasticity), those parts follow the bandwidth by it and
+    the rest of their time stays fixed (nominal) or follows the SMs' clock (the range, and the what-if) in place
+    of the unpaced parts' either-or."""
     if not 0 <= error < 1:
         raise ValueError(f"error must be in [0, 1), got {error}")
+    variants = ([{"elasticities": elasticities, "rest": rest} for rest in REST_SCALINGS] if elasticities
+                else [{"clock_parts": ()}, {"clock_parts": step_model.unpaced_parts()}])
     ratios = []
-    for clock_parts in ((), step_model.unpaced_parts()):
+    for variant in variants:
         for signs in itertools.product((1 - error, 1 + error), repeat=len(SCALES)):
             factors = dict(zip(SCALES, signs))
             for overlap in (False, True):
-                pa, pb = (step_model.predict(model, batch, padded_len, card, factors, overlap, clock_parts)
+                pa, pb = (step_model.predict(model, batch, padded_len, card, factors, overlap, **variant)
                           for card in (a, b))
                 ratios.append(pb["step_s"] / pa["step_s"])
-    pa, pb = (step_model.predict(model, batch, padded_len, card) for card in (a, b))
+    pa, pb = (step_model.predict(model, batch, padded_len, card, elasticities=elasticities) for card in (a, b))
     sign = 1.0 if pb["device_s"] >= pa["device_s"] else -1.0  # the part that moves the device time most that way
     deciding = max((p for p in PARTS if p != "host"), key=lambda p: sign * (pb[p] - pa[p]))
-    ca, cb = (step_model.predict(model, batch, padded_len, card, clock_parts=(deciding,)) for card in (a, b))
+    what_if = ({"elasticities": elasticities, "rest": "clock"} if elasticities and deciding in elasticities
+               else {"clock_parts": (deciding,), "elasticities": elasticities})
+    ca, cb = (step_model.predict(model, batch, padded_len, card, **what_if) for card in (a, b))
     return {"ratio": pb["step_s"] / pa["step_s"], "low": min(ratios), "high": max(ratios), "deciding": deciding,
-            "deciding_s": pb[deciding] - pa[deciding], "ratio if deciding x clock": cb["step_s"] / ca["step_s"]}
+            "deciding_s": pb[deciding] - pa[deciding], "clock what-if": cb["step_s"] / ca["step_s"]}
 
 
 def tie_share(here: GpuSpec, a: GpuSpec, b: GpuSpec, flops: dict[str, float] | None = None) -> float:
@@ -300,14 +328,19 @@ def tie_share(here: GpuSpec, a: GpuSpec, b: GpuSpec, flops: dict[str, float] | N
     return -tensor / bandwidth
 
 
-def rank(step_model: StepModel, rows: list[dict], a: GpuSpec, b: GpuSpec) -> list[dict]:
+def rank(step_model: StepModel, rows: list[dict], a: GpuSpec, b: GpuSpec, errors: dict[str, float] | None = None,
+         elasticities: dict[str, float] | None = None) -> list[dict]:
     """For each validated point (:func:`validate`'s rows): ``b``'s step time over ``a``'s as a range under that
-    model's uncertainty (:func:`compare`), the card it favours ("not decided by this run" where the range
-    holds 1) and the deciding part."""
-    errors = uncertainty(rows)
+    model's uncertainty (``errors`` per model, else :func:`uncertainty` of ``rows``; :func:`compare`, with
+    ``elasticities``), the card it favours ("not decided by this run" where the range holds 1) and the deciding
+    part."""
+    errors = errors or uncertainty(rows)
     ranked = []
     for r in rows:
-        c = compare(step_model, r["model"], r["batch"], r["mean_padded_len"], a, b, min(errors[r["model"]], 0.99))
+        if r["model"] not in errors:
+            continue
+        c = compare(step_model, r["model"], r["batch"], r["mean_padded_len"], a, b, min(errors[r["model"]], 0.99),
+                    elasticities)
         winner = a.name if c["low"] > 1 else b.name if c["high"] < 1 else "not decided by this run"
         ranked.append({"model": r["model"], "batch": r["batch"], "uncertainty": errors[r["model"]], **c,
                        "faster": winner})
@@ -321,21 +354,27 @@ DECODERS = ("decode_parts", "graphed_decode_parts")  # stock generate(); the cou
 
 
 def decode_seconds(records: list[dict], here: GpuSpec, card: GpuSpec, new_tokens: int, scaling: str,
-                   prompt_tokens: int = 32, what: str = "decode_parts") -> float:
+                   prompt_tokens: int = 32, what: str = "decode_parts", elasticity: float | None = None) -> float:
     """Seconds a decoder takes for ``new_tokens`` after a ``prompt_tokens`` prompt on ``card``, from its
     records measured on ``here`` (``what``: "decode_parts", stock ``generate()``; "graphed_decode_parts", the
     course's graphed decoder): each token's host time as measured at its context and its device time scaled by
     ``scaling`` ("bandwidth": HBM bandwidth; "clock": :func:`clock_rate`), both interpolated linearly between
-    the measured contexts (the end values outside them)."""
-    if scaling not in DEVICE_SCALINGS:
-        raise ValueError(f"scaling must be one of {DEVICE_SCALINGS}, got {scaling!r}")
+    the measured contexts (the end values outside them). With the device time's measured bandwidth
+    ``elasticity``, ``scaling`` is what the rest of it follows (``REST_SCALINGS``, :func:`elastic_factor`)."""
+    scalings = DEVICE_SCALINGS if elasticity is None else REST_SCALINGS
+    if scaling not in scalings:
+        raise ValueError(f"scaling must be one of {scalings}, got {scaling!r}")
     if what not in DECODERS:
         raise ValueError(f"what must be one of {DECODERS}, got {what!r}")
     recs = sorted((r for r in records if r.get("what") == what and r.get("kv_cache")), key=lambda r: r["context"])
     if not recs or new_tokens < 1:
         raise ValueError(f"need {what} records (with the KV cache) and new_tokens >= 1, got {new_tokens}")
-    by_bandwidth = scaling == "bandwidth"
-    factor = here.bandwidth_gbps / card.bandwidth_gbps if by_bandwidth else clock_rate(here) / clock_rate(card)
+    if elasticity is not None:
+        factor = elastic_factor(here, card, elasticity, scaling)
+    elif scaling == "bandwidth":
+        factor = here.bandwidth_gbps / card.bandwidth_gbps
+    else:
+        factor = clock_rate(here) / clock_rate(card)
     context = np.arange(prompt_tokens, prompt_tokens + new_tokens)
     measured = [r["context"] for r in recs]
     host = np.interp(context, measured, [r["host_s_per_token"] for r in recs])
@@ -344,10 +383,13 @@ def decode_seconds(records: list[dict], here: GpuSpec, card: GpuSpec, new_tokens
 
 
 def decode_lead(records: list[dict], here: GpuSpec, a: GpuSpec, b: GpuSpec, lengths: list[int],
-                what: str = "decode_parts") -> dict:
-    """``b``'s tokens/s over ``a``'s for each output length in ``lengths``, under each device scaling."""
-    return {s: [decode_seconds(records, here, a, n, s, what=what) / decode_seconds(records, here, b, n, s, what=what)
-                for n in lengths] for s in DEVICE_SCALINGS}
+                what: str = "decode_parts", elasticity: float | None = None) -> dict:
+    """``b``'s tokens/s over ``a``'s for each output length in ``lengths``, under each device scaling (with a
+    measured ``elasticity``: each scaling of the rest, :func:`decode_seconds`)."""
+    scalings = DEVICE_SCALINGS if elasticity is None else REST_SCALINGS
+    return {s: [decode_seconds(records, here, a, n, s, what=what, elasticity=elasticity)
+                / decode_seconds(records, here, b, n, s, what=what, elasticity=elasticity) for n in lengths]
+            for s in scalings}
 
 
 def measure_train_parts(model_name: str, batch: int, data: TokenizedData, device: torch.device, *,
