@@ -366,9 +366,12 @@ def transfer_errors(load: Loader, fit_gpu: str) -> dict[str, float]:
     return errors
 
 
-def small_batch_projection(load: Loader, gpu: str) -> tuple[list[dict], dict] | str:
-    """The A100-against-Ada projection of every 7B and 13B batch <= ``SMALL_BATCH`` that trained under both caps
-    (``step_model.rank``'s rows) and what it was built from; or why it cannot be made."""
+SEED_CARD, OTHER_READING = "RTX 6000 Ada", "RTX A6000"  # the seed's "A6000 Ada"; read as the Ampere RTX A6000
+
+
+def small_batch_projection(load: Loader, gpu: str, card: str = SEED_CARD) -> tuple[list[dict], dict] | str:
+    """The A100-against-``card`` projection of every 7B and 13B batch <= ``SMALL_BATCH`` that trained under both
+    caps (``step_model.rank``'s rows) and what it was built from; or why it cannot be made."""
     sweep_run = load("finetune", gpu)  # the model's error is measured on this sweep: its parts from the same GPU
     parts = load("step_parts", sweep_run.path.parent.name if sweep_run else gpu)
     if parts is None or not any(r.get("what") == "train_parts" for r in parts.records):
@@ -381,7 +384,7 @@ def small_batch_projection(load: Loader, gpu: str) -> tuple[list[dict], dict] | 
     here = _card(parts)
     if here is None:
         return f"no datasheet row for {parts.provenance.get('gpu')}"
-    a100, ada = datasheets.by_name("A100 40GB SXM"), datasheets.by_name("RTX 6000 Ada")
+    a100, ada = datasheets.by_name("A100 40GB SXM"), datasheets.by_name(card)
     model = step_model.StepModel.from_records(parts.records, here)
     rows = step_model.validate(model, main)
     transfer = transfer_errors(load, parts.path.parent.name)
@@ -426,6 +429,10 @@ def a100_small_batches(load: Loader, gpu: str) -> Verdict:
             f"{m} {e:.0%}" for m, e in sorted(built["transfer"].items()))
     if elastic:
         evidence["bandwidth elasticity, H100 against H200"] = ", ".join(f"{p} {e:.2f}" for p, e in elastic.items())
+    other = small_batch_projection(load, gpu, OTHER_READING)
+    if not isinstance(other, str):
+        evidence[f"the other reading, {OTHER_READING} / A100 step time"] = "; ".join(
+            f"{r['model']} batch {r['batch']} {r['ratio']:.2f} ({r['low']:.2f}-{r['high']:.2f})" for r in other[0])
     unpaced = () if elastic else built["model"].unpaced_parts()
     if not elastic:
         evidence["parts paced by the bandwidth or the clock (under "
@@ -512,7 +519,7 @@ def ada_generates_faster(load: Loader, gpu: str) -> Verdict:
     here = _card(parts)
     if here is None:
         return Verdict(UNDECIDED, rule, {}, f"no datasheet row for {parts.provenance.get('gpu')}")
-    a100, ada = datasheets.by_name("A100 40GB SXM"), datasheets.by_name("RTX 6000 Ada")
+    a100, ada = datasheets.by_name("A100 40GB SXM"), datasheets.by_name(SEED_CARD)
     elastic = measured_elasticities(load, DECODE_ELASTIC_PARTS)
 
     def scaling(what: str, s: str) -> str:
@@ -531,6 +538,10 @@ def ada_generates_faster(load: Loader, gpu: str) -> Verdict:
         for s, v in step_model.decode_lead(graphed, here, a100, ada, list(OUTPUT_LENGTHS), what="graphed_decode_parts",
                                            elasticity=elastic.get("graphed_decode_parts")).items():
             evidence[f"course's graphed decoder, Ada over A100, {scaling('graphed_decode_parts', s)}"] = _lead_text(v)
+    other = step_model.decode_lead(decode, here, a100, datasheets.by_name(OTHER_READING), list(OUTPUT_LENGTHS),
+                                   elasticity=elastic.get("decode_parts"))
+    for s, v in other.items():
+        evidence[f"the other reading, {OTHER_READING} over A100, {scaling('decode_parts', s)}"] = _lead_text(v)
     every = [x for v in lead.values() for x in v]
     if all(x > 1 for x in every):
         growing = all(all(q > p for p, q in zip(v, v[1:])) for v in lead.values())

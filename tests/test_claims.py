@@ -417,3 +417,15 @@ def test_a100_small_batches_is_not_partly_true_where_only_the_ada_is_projected_f
     monkeypatch.setattr(claims.step_model, "rank", rank)
     v = judge("a100-small-batches", files)
     assert v.verdict == UNDECIDED and "the Ada is projected faster at 7b batch 1;" in v.why
+
+
+def test_both_readings_of_the_seeds_card_are_projected():
+    files = _with_sweep(_parts(streamed=0.8, matmul_ms=5.0, decode=[(64, 0.01, 0.02), (1024, 0.012, 0.02)]))
+    a6000, a100 = datasheets.by_name(claims.OTHER_READING), datasheets.by_name("A100 40GB SXM")
+    training = judge("a100-small-batches", files).evidence["the other reading, RTX A6000 / A100 step time"]
+    assert training.startswith("7b batch 1 ") and "7b batch 4 " in training
+    generation = judge("ada-generates-faster", files).evidence
+    lead = generation["the other reading, RTX A6000 over A100, device x bandwidth"]
+    h200 = H200_SPEC.bandwidth_gbps  # the measured token at context 64: host 0.02 s, device 0.01 s on the H200
+    a100_s, a6000_s = (0.02 + 0.01 * h200 / card.bandwidth_gbps for card in (a100, a6000))
+    assert float(lead.split(",")[0].split(": ")[1]) == pytest.approx(a100_s / a6000_s, abs=0.01)
