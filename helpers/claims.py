@@ -416,7 +416,8 @@ def a100_small_batches(load: Loader, gpu: str) -> Verdict:
         return Verdict(UNDECIDED, rule, {}, got)
     small, built = got
     here, a100, ada, elastic = built["here"], built["a100"], built["ada"], built["elastic"]
-    what_if = "the rest of its time followed the SMs' clock" if elastic else "it followed the SMs' clock instead"
+    what_if = ("the rest of the bandwidth parts' time followed the SMs' clock" if elastic
+               else "it followed the SMs' clock instead")
     evidence = {f"{r['model']} batch {r['batch']}: Ada / A100 step time": (
         f"{r['ratio']:.2f} ({r['low']:.2f}-{r['high']:.2f} at +-{r['uncertainty']:.0%}), {r['deciding']} decides "
         f"({r['clock what-if']:.2f} if {what_if})") for r in small}

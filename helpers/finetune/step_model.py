@@ -292,8 +292,8 @@ def compare(step_model: StepModel, model: str, batch: int, padded_len: float, a:
     that part alone followed the SMs' clock instead.
 
     With ``elasticities`` (each part's measured bandwidth elasticity), those parts follow the bandwidth by it and
-    the rest of their time stays fixed (nominal) or follows the SMs' clock (the range, and the what-if) in place
-    of the unpaced parts' either-or."""
+    the rest of their time stays fixed (nominal) or follows the SMs' clock (the range) in place of the unpaced
+    parts' either-or; the what-if is then the nominal ratio with the rest of all their time on the clock."""
     if not 0 <= error < 1:
         raise ValueError(f"error must be in [0, 1), got {error}")
     variants = ([{"elasticities": elasticities, "rest": rest} for rest in REST_SCALINGS] if elasticities
@@ -309,8 +309,7 @@ def compare(step_model: StepModel, model: str, batch: int, padded_len: float, a:
     pa, pb = (step_model.predict(model, batch, padded_len, card, elasticities=elasticities) for card in (a, b))
     sign = 1.0 if pb["device_s"] >= pa["device_s"] else -1.0  # the part that moves the device time most that way
     deciding = max((p for p in PARTS if p != "host"), key=lambda p: sign * (pb[p] - pa[p]))
-    what_if = ({"elasticities": elasticities, "rest": "clock"} if elasticities and deciding in elasticities
-               else {"clock_parts": (deciding,), "elasticities": elasticities})
+    what_if = {"elasticities": elasticities, "rest": "clock"} if elasticities else {"clock_parts": (deciding,)}
     ca, cb = (step_model.predict(model, batch, padded_len, card, **what_if) for card in (a, b))
     return {"ratio": pb["step_s"] / pa["step_s"], "low": min(ratios), "high": max(ratios), "deciding": deciding,
             "deciding_s": pb[deciding] - pa[deciding], "clock what-if": cb["step_s"] / ca["step_s"]}
