@@ -368,12 +368,9 @@ def decode_seconds(records: list[dict], here: GpuSpec, card: GpuSpec, new_tokens
     recs = sorted((r for r in records if r.get("what") == what and r.get("kv_cache")), key=lambda r: r["context"])
     if not recs or new_tokens < 1:
         raise ValueError(f"need {what} records (with the KV cache) and new_tokens >= 1, got {new_tokens}")
-    if elasticity is not None:
-        factor = elastic_factor(here, card, elasticity, scaling)
-    elif scaling == "bandwidth":
-        factor = here.bandwidth_gbps / card.bandwidth_gbps
-    else:
-        factor = clock_rate(here) / clock_rate(card)
+    if elasticity is None:  # not measured: all of the device's time follows the bandwidth (e = 1) or the clock (e = 0)
+        elasticity, scaling = (1.0, "fixed") if scaling == "bandwidth" else (0.0, "clock")
+    factor = elastic_factor(here, card, elasticity, scaling)
     context = np.arange(prompt_tokens, prompt_tokens + new_tokens)
     measured = [r["context"] for r in recs]
     host = np.interp(context, measured, [r["host_s_per_token"] for r in recs])
