@@ -460,6 +460,26 @@ def a100_small_batches(load: Loader, gpu: str) -> Verdict:
         if set(deciding) <= set(unpaced) else ""))
 
 
+CAP_CARDS = {40: ("A100 40GB SXM",), 48: (SEED_CARD, OTHER_READING)}  # the cards each memory cap stands in for
+
+
+def memory_margin(records: list[dict], model: str, batch: int, cap: int) -> str | None:
+    """GiB to spare at a point that trained under ``cap``: its need (peak reserved + the CUDA context) against the
+    cap, and against the memory each card it stands for shows programs (``datasheets.VISIBLE_MEMORY_MIB``, less
+    the same context); None where the point did not train."""
+    run = next((r for r in analysis.train_runs(records, model, cap)
+                if r["batch_size"] == batch and r["status"] == "ok"), None)
+    if run is None or run.get("peak_reserved_gb") is None:
+        return None
+    need = run["peak_reserved_gb"] + (run.get("context_gb") or 0.0)
+    margins = [f"{cap - need:+.2f} under the {cap} GiB cap"]
+    for card in CAP_CARDS.get(cap, ()):
+        mib = datasheets.VISIBLE_MEMORY_MIB.get(card)
+        margins.append(f"{mib / 1024 - need:+.2f} on the {card}'s {mib / 1024:.2f} GiB" if mib
+                       else f"the {card}'s visible memory not on record")
+    return f"needs {need:.2f} GiB (peak reserved + CUDA context): " + ", ".join(margins)
+
+
 def oom_7b(load: Loader, gpu: str) -> Verdict:
     rule = ("7B in notebook 06's seed setting (eager attention, r = 16): the first batch that runs out of memory "
             "under a 40 GiB cap (the A100 stand-in) is 20-27 and comes before any under 48 GiB: confirmed; "
@@ -473,6 +493,12 @@ def oom_7b(load: Loader, gpu: str) -> Verdict:
     largest48 = max(r["batch_size"] for r in analysis.train_runs(main, "7b", 48))
     evidence = {"first OOM batch under 40 GiB": fo40,
                 "first OOM batch under 48 GiB": fo48 if fo48 is not None else f"none up to {largest48}"}
+    for cap in (40, 48):
+        largest = max((r["batch_size"] for r in analysis.train_runs(main, "7b", cap) if r["status"] == "ok"),
+                      default=None)
+        margin = None if largest is None else memory_margin(main, "7b", largest, cap)
+        if margin:
+            evidence[f"largest batch under {cap} GiB, {largest}: margin in GiB"] = margin
     first = fo40 is not None and (fo48 is None or fo48 > fo40)
     verdict = CONFIRMED if first and 20 <= fo40 <= 27 else PARTLY if first else REFUTED
     return Verdict(verdict, rule, evidence)
@@ -492,7 +518,12 @@ def only_48gb_70b(load: Loader, gpu: str) -> Verdict:
         return Verdict(UNDECIDED, rule, got, "a point of the three was not measured")
     b1_40, b1_48, b2_48 = got.values()
     verdict = (REFUTED if b1_40 == "ok" or b1_48 != "ok" else CONFIRMED if b2_48 == "oom" else PARTLY)
-    return Verdict(verdict, rule, got)
+    evidence = dict(got)
+    for batch in (1, 2):
+        margin = memory_margin(main, "70b", batch, 48)
+        if margin:
+            evidence[f"batch {batch} under 48 GiB: margin in GiB"] = margin
+    return Verdict(verdict, rule, evidence)
 
 
 OUTPUT_LENGTHS = (64, 256, 1024, 2048)  # new tokens after a 32-token prompt

@@ -133,6 +133,13 @@ TENSOR_FLOP_PER_CLOCK_PER_SM = {"Ampere": 2048, "Hopper": 4096}
 EXP2_PER_CLOCK_PER_SM = {"Ampere": 16, "Hopper": 16}
 
 
+# The memory a card shows programs (nvidia-smi's total, MiB): less than the datasheet's GB where ECC or the driver
+# keep some. From h2oGPT's benchmark table, which prints each GPU's nvidia-smi memory
+# (https://github.com/h2oai/h2ogpt/blob/a65122797d9cda842b57cf73689536571e3d6725/benchmarks/perf.md; the rows are in
+# results/external/h2ogpt_generate.json). No public nvidia-smi row of an A100 40GB was at hand: it has none here.
+VISIBLE_MEMORY_MIB = {"RTX 6000 Ada": 49140, "RTX A6000": 46068, "A100 80GB SXM": 81920}
+
+
 def tensor_clock_mhz(spec: GpuSpec) -> float | None:
     """The SM clock the datasheet's dense 16-bit tensor rate assumes: peak / (SMs x FLOP per clock per SM);
     None for an architecture without a figure in TENSOR_FLOP_PER_CLOCK_PER_SM."""

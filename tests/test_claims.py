@@ -429,3 +429,14 @@ def test_both_readings_of_the_seeds_card_are_projected():
     h200 = H200_SPEC.bandwidth_gbps  # the measured token at context 64: host 0.02 s, device 0.01 s on the H200
     a100_s, a6000_s = (0.02 + 0.01 * h200 / card.bandwidth_gbps for card in (a100, a6000))
     assert float(lead.split(",")[0].split(": ")[1]) == pytest.approx(a100_s / a6000_s, abs=0.01)
+
+
+def test_memory_verdicts_print_their_margin_in_gib():
+    run = {"kind": "train", "model": "70b", "cap_gb": 48, "batch_size": 2, "status": "ok", "peak_reserved_gb": 44.5,
+           "context_gb": 0.5}
+    margin = claims.memory_margin([run], "70b", 2, 48)
+    a6000 = datasheets.VISIBLE_MEMORY_MIB["RTX A6000"] / 1024
+    assert margin.startswith("needs 45.00 GiB") and "+3.00 under the 48 GiB cap" in margin
+    assert f"{a6000 - 45.0:+.2f} on the RTX A6000's {a6000:.2f} GiB" in margin
+    assert claims.memory_margin([{**run, "status": "oom"}], "70b", 2, 48) is None  # no need known where it failed
+    assert "visible memory not on record" in claims.memory_margin([{**run, "cap_gb": 40}], "70b", 2, 40)
