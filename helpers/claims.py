@@ -396,7 +396,7 @@ def small_batch_projection(load: Loader, gpu: str, card: str = SEED_CARD) -> tup
     if not small:
         return f"no 7B or 13B batch <= {SMALL_BATCH} trained under both caps"
     return small, {"model": model, "here": here, "a100": a100, "ada": ada, "rows": rows, "elastic": elastic,
-                   "transfer": transfer}
+                   "transfer": transfer, "errors": errors}
 
 
 def a100_small_batches(load: Loader, gpu: str) -> Verdict:
