@@ -66,6 +66,17 @@ def _driver_version() -> str | None:
         return None
 
 
+def _cpu_name() -> str | None:
+    """The host CPU's model name (Linux: /proc/cpuinfo): a step's host time is this CPU's, not the GPU's."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def _git_commit() -> str | None:
     """HEAD of the checkout (with "-dirty" if tracked files changed); COURSE_GIT_COMMIT where no .git travelled."""
     if os.environ.get("COURSE_GIT_COMMIT"):
@@ -84,7 +95,7 @@ def _git_commit() -> str | None:
 
 
 def provenance() -> dict:
-    """What produced a measurement: GPU, driver, CUDA, package versions, commit, time, scale."""
+    """What produced a measurement: GPU, driver, CUDA, package versions, host CPU, commit, time, scale."""
     info = {
         "gpu": gpu_name(),
         "gpu_count": torch.cuda.device_count() if HAS_CUDA else 0,
@@ -93,6 +104,8 @@ def provenance() -> dict:
         "torch": torch.__version__,
         **{pkg: _version(pkg) for pkg in _PACKAGES},
         "python": platform.python_version(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
         "git_commit": _git_commit(),
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "scale": SCALE,

@@ -32,7 +32,7 @@ def test_save_then_load_round_trip(tmp_results):
     assert back.records == records
     assert back.where(what="matmul")[0]["tflops"] == 780.0
     for key in ("gpu", "driver", "cuda", "torch", "triton", "bitsandbytes", "transformers", "peft", "python",
-                "git_commit", "timestamp", "scale"):
+                "cpu", "cpu_count", "git_commit", "timestamp", "scale"):
         assert key in back.provenance, key
     assert "torch" in back.describe()
     assert not list(tmp_results.rglob("*.tmp"))
