@@ -8,9 +8,8 @@ Training: the sweep's configuration (eager attention, LoRA r=16, gradient checkp
 Decoding: stock ``generate()`` at batch 1, the time per new token at each context length, split into the
 device's and the host's; and the same split for the course's graphed decoder (notebook 07's last rung, on the
 model without LoRA, as notebook 07 decodes). Writes ``results/<gpu>/step_parts.json`` (on a CPU,
-``.smoke-results/``). A part not measured in this run (``--train`` with no points, or ``--contexts`` or
-``--graphed-contexts`` with none) keeps the file's earlier records; every record names the commit and the
-time it was measured at.
+``.smoke-results/``). A point not measured in this run (a model and batch size, a decoder and context) keeps
+the file's earlier record; every record names the commit and the time it was measured at.
 """
 from __future__ import annotations
 
@@ -73,22 +72,23 @@ def main() -> None:
             print(f"course decoder {args.decode_model}, context {r['context']}: {1e3 * r['s_per_token']:.2f} ms a "
                   f"token ({1e3 * r['s_per_token_min']:.2f}-{1e3 * r['s_per_token_max']:.2f}), device "
                   f"{1e3 * r['device_s_per_token']:.2f}, host {1e3 * r['host_s_per_token']:.2f}", flush=True)
-    measured = {what for what, asked in (("train_parts", args.train), ("decode_parts", args.contexts),
-                                         ("graphed_decode_parts", args.graphed_contexts)) if asked}
-    kept = earlier_records(skip=measured)
+    measured = {(r["what"], r["model"], r.get("batch_size"), r.get("context")) for r in records}
+    kept = earlier_records(measured)
     path = results.save("step_parts", kept + records)
     print(f"wrote {path}" + (f" ({len(kept)} earlier records kept)" if kept else ""))
 
 
-def earlier_records(skip: set[str]) -> list[dict]:
-    """The results file's records of the parts not re-measured (``what`` not in ``skip``), each stamped with
-    the commit and time of the run that measured it."""
+def earlier_records(measured: set[tuple]) -> list[dict]:
+    """The results file's records of the points not re-measured (``(what, model, batch_size, context)`` not in
+    ``measured``), each stamped with the commit and time of the run that measured it: a run of 13B points keeps
+    7B's."""
     try:
         old = results.load("step_parts", scale=helpers.SCALE)
     except FileNotFoundError:
         return []
     stamp = {k: old.provenance.get(k) for k in ("git_commit", "timestamp")}
-    return [{**stamp, **r} for r in old.records if r.get("what") not in skip]
+    return [{**stamp, **r} for r in old.records
+            if (r.get("what"), r.get("model"), r.get("batch_size"), r.get("context")) not in measured]
 
 
 if __name__ == "__main__":
