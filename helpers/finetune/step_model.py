@@ -118,21 +118,6 @@ def work(spec: ModelSpec, batch: int, padded_len: float, lora_r: int = 16) -> di
     }
 
 
-def measured_bytes(records: list[dict]) -> dict[str, dict[str, float]]:
-    """One step's Nsight Compute records (``scripts/step_part_bytes.py``: a kernel name's launches at one point)
-    summed per device part: launches, DRAM bytes read and written, milliseconds under ncu, and the GB/s they make."""
-    if len({(r["model"], r["batch_size"]) for r in records}) > 1:
-        raise ValueError("records of more than one point: pass one model and batch size at a time")
-    out: dict[str, dict[str, float]] = {}
-    for part in PARTS:
-        rows = [r for r in records if r["part"] == part]
-        if rows:
-            moved, ns = sum(r["dram_read"] + r["dram_write"] for r in rows), sum(r["duration_ns"] for r in rows)
-            out[part] = {"calls": sum(r["calls"] for r in rows), "bytes": moved, "ms": ns / 1e6,
-                         "gbps": moved / ns if ns else float("nan")}
-    return out
-
-
 def launches(spec: ModelSpec) -> dict[str, int]:
     """Kernel launches a step of the parts whose count follows from the shapes (any batch): one dequantisation
     per nf4 matrix and pass; the GEMMs of a layer (forward 7 frozen + 4 LoRA + 2 attention, twice; backward 7
