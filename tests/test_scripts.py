@@ -23,6 +23,7 @@ OPTIONS = {
     "peers_side_by_side": ["--kernels"],
     "rms_norm_tune": ["--ns", "--weights", "--passes", "--top", "--stages"],
     "step_parts": ["--train", "--timed", "--decode-model", "--contexts", "--rounds"],
+    "step_timeline": ["--train"],
 }
 
 
