@@ -304,10 +304,9 @@ def peak_memory_bytes(fn: Callable[[], object], warmup: bool = False) -> int | N
     return peak
 
 
-def profile_kernels(fn: Callable[[], object], reps: int = 5) -> list[dict]:
-    """Run ``fn`` ``reps`` times under ``torch.profiler`` and list what ran, slowest first:
-    ``{"name", "calls", "us_per_call"}``. On a GPU these are the CUDA kernels and their device
-    time; on the CPU the ``aten::`` operators and their CPU time."""
+def profiled(fn: Callable[[], object], reps: int = 1) -> torch.profiler.profile:
+    """``fn()`` once to warm up, then ``reps`` times under ``torch.profiler`` (the host's operators, and on a GPU
+    the device's kernels), the device synchronised before and after: the finished profile."""
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
     fn()  # warm-up outside the profile
@@ -322,6 +321,14 @@ def profile_kernels(fn: Callable[[], object], reps: int = 5) -> list[dict]:
             fn()
         if HAS_CUDA:
             torch.cuda.synchronize()
+    return prof
+
+
+def profile_kernels(fn: Callable[[], object], reps: int = 5) -> list[dict]:
+    """Run ``fn`` ``reps`` times under ``torch.profiler`` (:func:`profiled`) and list what ran, slowest first:
+    ``{"name", "calls", "us_per_call"}``. On a GPU these are the CUDA kernels and their device
+    time; on the CPU the ``aten::`` operators and their CPU time."""
+    prof = profiled(fn, reps)
     rows = []
     for evt in prof.key_averages():
         if HAS_CUDA:

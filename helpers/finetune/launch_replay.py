@@ -25,6 +25,8 @@ from typing import Callable
 
 import torch
 
+from ..bench import profiled
+
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")  # the device's events in a Kineto trace
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "cuCtxSynchronize", "cuStreamSynchronize", "cuMemcpyDtoH_v2")  # they return once the device caught up
@@ -140,16 +142,11 @@ def from_trace(trace: dict) -> Timeline:
 
 
 def record(fn: Callable[[], object]) -> Timeline:
-    """``fn()`` once under the profiler (after one call to warm up), the device synchronised at its end: its
-    timeline. Needs a CUDA GPU."""
+    """``fn()`` once under the profiler (after one call to warm up, ``bench.profiled``), the device synchronised at
+    its end: its timeline. Needs a CUDA GPU."""
     if not torch.cuda.is_available():
         raise RuntimeError("a launch timeline needs a CUDA GPU (the profiler's device events)")
-    fn()
-    torch.cuda.synchronize()
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities, acc_events=True) as prof:
-        fn()
-        torch.cuda.synchronize()
+    prof = profiled(fn)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "trace.json"
         prof.export_chrome_trace(str(path))
