@@ -249,18 +249,24 @@ class StepModel:
         return {**parts, "device_s": device, "step_s": step}
 
 
-def validate(step_model: StepModel, sweep_records: list[dict]) -> list[dict]:
-    """The model against the sweep's measured steps (trained with checkpointing), one row per model and batch:
-    the steps measured under every cap (the same work: their spread is the measurement's noise), their median,
-    the prediction (each run's at its own mean padded length, their median) and the error: the median over the
-    runs of each prediction against its own run."""
+def trained_runs(sweep_records: list[dict]) -> dict[tuple[str, int], list[dict]]:
+    """The sweep's measured steps (trained, with checkpointing) by model and batch size, each point's runs under
+    every cap; smallest model first, then batch."""
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in sweep_records:
         if (r.get("kind") == "train" and r.get("status") == "ok" and r.get("measured", True)
                 and r.get("checkpointing", True) and r["model"] in MODELS and r.get("mean_padded_len")):
             groups.setdefault((r["model"], r["batch_size"]), []).append(r)
+    return dict(sorted(groups.items(), key=lambda kv: (MODELS[kv[0][0]].linear_params(), kv[0][1])))
+
+
+def validate(step_model: StepModel, sweep_records: list[dict]) -> list[dict]:
+    """The model against the sweep's measured steps (:func:`trained_runs`), one row per model and batch:
+    the steps measured under every cap (the same work: their spread is the measurement's noise), their median,
+    the prediction (each run's at its own mean padded length, their median) and the error: the median over the
+    runs of each prediction against its own run."""
     rows = []
-    for (model, batch), runs in sorted(groups.items(), key=lambda kv: (MODELS[kv[0][0]].linear_params(), kv[0][1])):
+    for (model, batch), runs in trained_runs(sweep_records).items():
         steps = [r["step_s"] for r in runs]
         predicted = [step_model.predict(model, batch, r["mean_padded_len"], step_model.here)["step_s"] for r in runs]
         rows.append({"model": model, "batch": batch,
