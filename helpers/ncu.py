@@ -30,13 +30,17 @@ KERNEL_METRICS = {  # record field -> ncu metric: what every counter script reco
 
 
 def profile(command: list[str], metrics: list[str] = (), sections: list[str] = (), kernel_regex: str | None = None,
-            from_start: bool = True) -> str:
+            from_start: bool = True, cache_control: str = "all") -> str:
     """ncu's raw CSV for the kernels ``command`` launches: the ``metrics`` and every metric of ``sections``, of the
     kernels whose names match ``kernel_regex`` (all when None); with ``from_start=False``, only those launched
-    between the program's ``cudaProfilerStart`` and ``cudaProfilerStop``. Raises RuntimeError when ncu fails."""
+    between the program's ``cudaProfilerStart`` and ``cudaProfilerStop``. ``cache_control``: "all" (ncu's default)
+    flushes the caches before each kernel; "none" leaves them as the kernel before left them, as in the program's
+    own run. Raises RuntimeError when ncu fails."""
+    if cache_control not in ("all", "none"):
+        raise ValueError(f"cache_control must be 'all' or 'none', got {cache_control!r}")
     if shutil.which("ncu") is None:
         raise RuntimeError("ncu (Nsight Compute) is not on the PATH: it ships with the CUDA toolkit")
-    cmd = list(BASE)
+    cmd = [*BASE, "--cache-control", cache_control]
     if kernel_regex:
         cmd += ["-k", f"regex:{kernel_regex}"]
     if not from_start:

@@ -47,6 +47,8 @@ def test_rows_by_hand():
     assert r["matmul share"] == pytest.approx(0.5) and r["matmul error"] == pytest.approx(0.2)
     assert r["element-wise error"] == pytest.approx(0.5) and r["host error"] == pytest.approx(0.0)
     assert r["softmax share"] == 0.0 and r["softmax error"] is None  # nothing measured: no error to state
+    other_texts = transfer.rows(Planted(), H200, target_sweep, parts, fit_sweep=[train(4, 0.5, 40, padded=300.0)])
+    assert other_texts[0]["fit measured s"] is None  # the fit GPU's step on other texts is no comparison
     alone = transfer.rows(Planted(), H200, target_sweep, [])
     assert [r["batch"] for r in alone] == [4, 8]  # no fit sweep: every point the target measured
     assert alone[1]["error"] == pytest.approx(-0.4) and alone[1]["fit measured s"] is None

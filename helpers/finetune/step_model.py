@@ -118,6 +118,34 @@ def work(spec: ModelSpec, batch: int, padded_len: float, lora_r: int = 16) -> di
     }
 
 
+def _part_sums(records: list[dict]) -> dict[str, dict[str, float]]:
+    """Launches, DRAM bytes (read + written) and nanoseconds per device part, summed over ``records``."""
+    sums: dict[str, dict[str, float]] = {}
+    for r in records:
+        s = sums.setdefault(r["part"], {"calls": 0, "bytes": 0.0, "ns": 0.0})
+        s["calls"] += r["calls"]
+        s["bytes"] += r["dram_read"] + r["dram_write"]
+        s["ns"] += r["duration_ns"]
+    return sums
+
+
+def layer_bytes(records: list[dict]) -> dict[str, dict[str, float]]:
+    """One decoder layer's share of a step, per device part, from Nsight Compute's records of the same step on a
+    model of one and of two layers (``scripts/step_part_bytes.py``, one batch size): the two models' difference in
+    launches, DRAM bytes and milliseconds under ncu, and the GB/s they make."""
+    if len({(r["model"], r["batch_size"]) for r in records}) != 1 or {r["layers"] for r in records} != {1, 2}:
+        raise ValueError("pass the records of one model and batch size, at 1 and at 2 layers")
+    one, two = (_part_sums([r for r in records if r["layers"] == n]) for n in (1, 2))
+    out: dict[str, dict[str, float]] = {}
+    for part in PARTS:
+        if part in two:
+            a, b = one.get(part, {"calls": 0, "bytes": 0.0, "ns": 0.0}), two[part]
+            moved, ns = b["bytes"] - a["bytes"], b["ns"] - a["ns"]
+            out[part] = {"calls": b["calls"] - a["calls"], "bytes": moved, "ms": ns / 1e6,
+                         "gbps": moved / ns if ns > 0 else float("nan")}
+    return out
+
+
 def launches(spec: ModelSpec) -> dict[str, int]:
     """Kernel launches a step of the parts whose count follows from the shapes (any batch): one dequantisation
     per nf4 matrix and pass; the GEMMs of a layer (forward 7 frozen + 4 LoRA + 2 attention, twice; backward 7
@@ -249,18 +277,24 @@ class StepModel:
         return {**parts, "device_s": device, "step_s": step}
 
 
-def validate(step_model: StepModel, sweep_records: list[dict]) -> list[dict]:
-    """The model against the sweep's measured steps (trained with checkpointing), one row per model and batch:
-    the steps measured under every cap (the same work: their spread is the measurement's noise), their median,
-    the prediction (each run's at its own mean padded length, their median) and the error: the median over the
-    runs of each prediction against its own run."""
+def trained_runs(sweep_records: list[dict]) -> dict[tuple[str, int], list[dict]]:
+    """The sweep's measured steps (trained, with checkpointing) by model and batch size, each point's runs under
+    every cap; smallest model first, then batch."""
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in sweep_records:
         if (r.get("kind") == "train" and r.get("status") == "ok" and r.get("measured", True)
                 and r.get("checkpointing", True) and r["model"] in MODELS and r.get("mean_padded_len")):
             groups.setdefault((r["model"], r["batch_size"]), []).append(r)
+    return dict(sorted(groups.items(), key=lambda kv: (MODELS[kv[0][0]].linear_params(), kv[0][1])))
+
+
+def validate(step_model: StepModel, sweep_records: list[dict]) -> list[dict]:
+    """The model against the sweep's measured steps (:func:`trained_runs`), one row per model and batch:
+    the steps measured under every cap (the same work: their spread is the measurement's noise), their median,
+    the prediction (each run's at its own mean padded length, their median) and the error: the median over the
+    runs of each prediction against its own run."""
     rows = []
-    for (model, batch), runs in sorted(groups.items(), key=lambda kv: (MODELS[kv[0][0]].linear_params(), kv[0][1])):
+    for (model, batch), runs in trained_runs(sweep_records).items():
         steps = [r["step_s"] for r in runs]
         predicted = [step_model.predict(model, batch, r["mean_padded_len"], step_model.here)["step_s"] for r in runs]
         rows.append({"model": model, "batch": batch,

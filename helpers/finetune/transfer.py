@@ -11,7 +11,7 @@ import textwrap
 from dataclasses import dataclass
 
 from ..datasheets import GpuSpec
-from .step_model import PARTS, StepModel, validate
+from .step_model import PARTS, StepModel, trained_runs, validate
 
 
 @dataclass(frozen=True)
@@ -58,20 +58,23 @@ def rows(step_model: StepModel, target: GpuSpec, target_sweep: list[dict], targe
     """One row per model and batch the target's sweep measured (and ``fit_sweep`` too, where given): the
     target's measured step (median over its runs, as :func:`step_model.validate` groups them), the step
     predicted on ``target`` at that median padded length, their relative error, and the fit GPU's own measured
-    step. Where ``target_parts`` (``train_parts`` records) measured that point, each part's predicted and
-    measured milliseconds (the prediction at the parts record's own padded length), its share of the
-    measured step (the parts' sum) and its relative error; None elsewhere."""
+    step on the same texts (the median of its runs padded to a length one of the target's runs was; None where it
+    has none: a 3-step sweep and a re-timing pad differently). Where ``target_parts`` (``train_parts`` records)
+    measured that point, each part's predicted and measured milliseconds (the prediction at the parts record's own
+    padded length), its share of the measured step (the parts' sum) and its relative error; None elsewhere."""
     parts_at = {(r["model"], r["batch_size"]): r for r in target_parts if r.get("what") == "train_parts"}
-    fit_at = {(r["model"], r["batch"]): r["measured s"] for r in validate(step_model, fit_sweep or [])}
+    fit_runs, target_runs = trained_runs(fit_sweep or []), trained_runs(target_sweep)
     out = []
     for v in validate(step_model, target_sweep):
         point = (v["model"], v["batch"])
-        if fit_sweep is not None and point not in fit_at:
+        if fit_sweep is not None and point not in fit_runs:
             continue
+        lengths = {round(r["mean_padded_len"], 1) for r in target_runs[point]}
+        same_texts = [r["step_s"] for r in fit_runs.get(point, []) if round(r["mean_padded_len"], 1) in lengths]
         predicted = step_model.predict(v["model"], v["batch"], v["mean_padded_len"], target)["step_s"]
         row = {k: v[k] for k in ("model", "batch", "mean_padded_len", "runs", "measured s", "min s", "max s")}
         row.update({"predicted s": predicted, "error": predicted / v["measured s"] - 1,
-                    "fit measured s": fit_at.get(point)})
+                    "fit measured s": statistics.median(same_texts) if same_texts else None})
         measured = parts_at.get(point)
         row["parts mean_padded_len"] = measured["mean_padded_len"] if measured else None
         guess = step_model.predict(*point, measured["mean_padded_len"], target) if measured else {}
