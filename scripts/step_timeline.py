@@ -5,10 +5,10 @@ replayed from with its kernels scaled to another card (``helpers.finetune.launch
 
 The sweep's configuration (eager attention, LoRA r=16, gradient checkpointing, AdamW) at each model:batch: two
 warm-up steps, then one under the profiler, its device synchronised at the end. Each record holds the step's wall,
-device and host-issue times, wall minus device (the step model's "host" part today) beside them, and every launch
-as [issued, start, duration, part] (``step_model.part_of``). The profiler adds its own few microseconds to each
-operator the host runs, so the host's times are upper bounds. Writes ``results/<gpu>/step_timeline.json``. Needs a
-CUDA GPU.
+device and host-issue times, wall minus device (the step model's "host" part today) beside them. Every launch, as
+[issued, start, duration, part] (``step_model.part_of``), goes beside it (``launch_replay.save_events``). The profiler
+adds its own few microseconds to each operator the host runs, so the host's times are upper bounds. Writes
+``results/<gpu>/step_timeline.json``. Needs a CUDA GPU.
 """
 from __future__ import annotations
 
@@ -45,7 +45,10 @@ def main() -> None:
               f"({rec['launch_count']} launches, latency {rec['launch_latency_us']:.1f} us)", flush=True)
         gc.collect()  # the model built for this point goes before the next one's
         torch.cuda.empty_cache()
-    print(f"wrote {results.save('step_timeline', records)}")
+    path = results.save("step_timeline", [{k: v for k, v in r.items() if k not in launch_replay.EVENTS}
+                                           for r in records])
+    launch_replay.save_events(path, records)
+    print(f"wrote {path} and {launch_replay.events_path(path).name}")
 
 
 def point_record(name: str, batch: int, data: TokenizedData) -> dict:

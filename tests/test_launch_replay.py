@@ -76,3 +76,13 @@ def test_a_record_round_trip_keeps_the_replay():
     assert record["wall_us"] == 90 and record["host_issue_us"] == 20 and record["launch_count"] == 2
     back = from_record(record)
     assert back.replay(lambda part: 2.0 if part == "gemm" else 1.0) == pytest.approx(140)
+
+
+def test_events_saved_beside_the_results_file_come_back(tmp_path):
+    from helpers.finetune.launch_replay import load_events, save_events, to_record
+
+    timeline = Timeline((Launch(1000, 1005, 50, "gemm"),), (Sync(1010, 1060),))
+    record = {"model": "7b", "batch_size": 4, **to_record(timeline)}
+    save_events(tmp_path / "step_timeline.json", [record])
+    back = load_events(tmp_path / "step_timeline.json")["7b:4"]
+    assert back.wall_us() == timeline.wall_us() and back.replay(lambda name: 1.0) == pytest.approx(60)

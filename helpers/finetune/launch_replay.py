@@ -16,6 +16,7 @@ With every factor 1 the replay gives back the measured step (``tests/test_launch
 """
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
 import tempfile
@@ -110,9 +111,9 @@ class Timeline:
 
 
 def to_record(timeline: Timeline, name: Callable[[str], str] = str) -> dict:
-    """The timeline as a results record's fields: its launches as ``[issued, start, duration, name(kernel)]`` and its
-    synchronisations as ``[called, returned]`` (microseconds from the step's start; ``name``: for example a kernel's
-    part, to keep the file small), with its summary times."""
+    """The timeline's summary times, and its events (``"launches"``: ``[issued, start, duration, name(kernel)]``,
+    ``"syncs"``: ``[called, returned]``, microseconds from the step's start; ``name``: for example a kernel's part,
+    to keep the file small). ``save_events`` writes the events apart from the flat results record."""
     t0 = timeline.begin_us
     return {"wall_us": timeline.wall_us(), "device_us": timeline.device_us(), "host_issue_us": timeline.host_issue_us(),
             "launch_latency_us": timeline.launch_latency_us(), "launch_count": len(timeline.launches),
@@ -122,8 +123,28 @@ def to_record(timeline: Timeline, name: Callable[[str], str] = str) -> dict:
 
 
 def from_record(record: dict) -> Timeline:
-    """A timeline back from :func:`to_record`'s fields."""
+    """A timeline back from :func:`to_record`'s events."""
     return Timeline(tuple(Launch(*x) for x in record["launches"]), tuple(Sync(*s) for s in record["syncs"]))
+
+
+EVENTS = ("launches", "syncs")
+
+
+def events_path(results_path: Path) -> Path:
+    """The gzipped JSON beside a results file that holds its points' events (too many for a flat record)."""
+    return results_path.with_name(results_path.stem + "_events.json.gz")
+
+
+def save_events(results_path: Path, records: list[dict]) -> None:
+    """Each record's events, keyed "model:batch_size", written beside ``results_path``."""
+    points = {f"{r['model']}:{r['batch_size']}": {k: r[k] for k in EVENTS} for r in records}
+    events_path(results_path).write_bytes(gzip.compress(json.dumps(points).encode(), mtime=0))
+
+
+def load_events(results_path: Path) -> dict[str, Timeline]:
+    """The timelines ``save_events`` wrote beside ``results_path``, by "model:batch_size"."""
+    points = json.loads(gzip.decompress(events_path(results_path).read_bytes()))
+    return {key: from_record(events) for key, events in points.items()}
 
 
 def from_trace(trace: dict) -> Timeline:
