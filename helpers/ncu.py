@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import io
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Callable
 
 BASE = ["ncu", "--clock-control", "none", "--csv", "--page", "raw", "--print-units", "base"]
@@ -73,17 +75,18 @@ def script_main(script: str, topic: str, what: str, launch: Callable[[], None], 
     """A counter script's command line. ``--launch``: the profiled child, which runs ``launch()``. ``--from-csv FILE``:
     the table again (``show``) from a saved ncu output, nothing saved. Neither: ncu profiles ``script --launch`` with
     ``profile_options`` (see :func:`profile`), and the records (``parse``, then ``annotate`` in place) are shown and
-    saved to ``results/<gpu>/<topic>.json``, ncu's raw output beside them (.csv). ``what`` names the work in the
-    error a machine without a GPU gets."""
+    saved to ``results/<gpu>/<topic>.json``, ncu's raw output beside them, gzipped (.csv.gz). ``what`` names the
+    work in the error a machine without a GPU gets."""
     from . import require_cuda, results
 
     parser = argparse.ArgumentParser(description=f"Hardware counters: {what}, read by Nsight Compute.")
     parser.add_argument("--launch", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--from-csv", help="a saved ncu output (--csv --page raw) to tabulate (nothing saved)")
+    parser.add_argument("--from-csv", help="a saved ncu output (--csv --page raw; .csv or .csv.gz) to tabulate "
+                        "(nothing saved)")
     args = parser.parse_args()
     if args.from_csv:
-        with open(args.from_csv) as f:
-            show(parse(f.read()))
+        raw = Path(args.from_csv).read_bytes()
+        show(parse((gzip.decompress(raw) if args.from_csv.endswith(".gz") else raw).decode()))
         return 0
     require_cuda(f"reading the hardware counters of {what}")
     if args.launch:
@@ -95,6 +98,6 @@ def script_main(script: str, topic: str, what: str, launch: Callable[[], None], 
         annotate(records)
     show(records)
     path = results.save(topic, records)
-    path.with_suffix(".csv").write_text(text)  # ncu's own output, for --from-csv
-    print(f"saved to {path} (and .csv)")
+    path.with_suffix(".csv.gz").write_bytes(gzip.compress(text.encode(), mtime=0))  # ncu's own output, for --from-csv
+    print(f"saved to {path} (and .csv.gz)")
     return 0

@@ -2,7 +2,7 @@
 bytes measured.
 
     python scripts/step_part_bytes.py                        # runs ncu on itself; needs ncu and a GPU
-    python scripts/step_part_bytes.py --from-csv saved.csv   # the table again from a saved ncu output
+    python scripts/step_part_bytes.py --from-csv saved.csv.gz  # the table again from a saved ncu output
 
 Llama-2-7B's layer (its widths, random nf4 weights: the bytes do not depend on the values) in the sweep's
 configuration (eager attention, LoRA r=16, gradient checkpointing, AdamW), built with one and with two decoder layers
@@ -14,7 +14,7 @@ left it: a kernel that re-reads what the one before wrote is not charged DRAM by
 kernel (``torch.cuda._sleep``) starts each step. Every kernel is put in its part (``step_model.part_of``); a record
 sums one kernel name's launches in one step: calls, time under ncu (kernels run one at a time there), DRAM bytes read
 and written. ``step_model.layer_bytes`` turns them into one layer's bytes per part. Written to
-``results/<gpu>/step_part_bytes.json``, ncu's raw output beside it (.csv).
+``results/<gpu>/step_part_bytes.json``, ncu's raw output beside it (.csv.gz).
 """
 from __future__ import annotations
 
