@@ -98,6 +98,6 @@ def script_main(script: str, topic: str, what: str, launch: Callable[[], None], 
         annotate(records)
     show(records)
     path = results.save(topic, records)
-    path.with_suffix(".csv.gz").write_bytes(gzip.compress(text.encode(), mtime=0))  # ncu's own output, for --from-csv
+    results.write_beside(path, ".csv.gz", text)  # ncu's own output, for --from-csv
     print(f"saved to {path} (and .csv.gz)")
     return 0

@@ -7,6 +7,7 @@ or smoke run can never overwrite a GPU measurement. ``COURSE_RESULTS_DIR`` overr
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import importlib.metadata
 import json
 import os
@@ -197,6 +198,27 @@ def save(topic: str, records: list[dict], gpus: int = 1) -> Path:
                       "whose code ran, so the result can be traced to it", stacklevel=2)
     write_atomically(path, json.dumps(payload, indent=1, allow_nan=False) + "\n")
     return path
+
+
+def beside(path: Path, suffix: str) -> Path:
+    """The file beside the results file ``path`` that holds what a flat record cannot (``suffix``, e.g.
+    ``"_events.json.gz"``)."""
+    return path.with_name(path.stem + suffix)
+
+
+def write_beside(path: Path, suffix: str, text: str) -> Path:
+    """``text`` gzipped (``suffix`` ends in ".gz"; no timestamp inside, so the same text gives the same bytes) into
+    the file :func:`beside` the results file ``path``."""
+    if not suffix.endswith(".gz"):
+        raise ValueError(f"suffix must end in .gz (the file is gzipped), got {suffix!r}")
+    target = beside(path, suffix)
+    target.write_bytes(gzip.compress(text.encode(), mtime=0))
+    return target
+
+
+def read_beside(path: Path, suffix: str) -> str:
+    """What :func:`write_beside` wrote beside ``path``."""
+    return gzip.decompress(beside(path, suffix).read_bytes()).decode()
 
 
 def write_atomically(path: Path, text: str) -> None:

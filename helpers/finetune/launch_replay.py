@@ -16,7 +16,6 @@ With every factor 1 the replay gives back the measured step (``tests/test_launch
 """
 from __future__ import annotations
 
-import gzip
 import json
 import statistics
 import tempfile
@@ -27,6 +26,7 @@ from typing import Callable
 import torch
 
 from ..bench import profiled
+from ..results import beside, read_beside, write_beside
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")  # the device's events in a Kineto trace
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
@@ -130,21 +130,23 @@ def from_record(record: dict) -> Timeline:
 EVENTS = ("launches", "syncs")
 
 
+EVENTS_SUFFIX = "_events.json.gz"  # the file beside a results file that holds its points' events
+
+
 def events_path(results_path: Path) -> Path:
     """The gzipped JSON beside a results file that holds its points' events (too many for a flat record)."""
-    return results_path.with_name(results_path.stem + "_events.json.gz")
+    return beside(results_path, EVENTS_SUFFIX)
 
 
 def save_events(results_path: Path, records: list[dict]) -> None:
     """Each record's events, keyed "model:batch_size", written beside ``results_path``."""
-    points = {f"{r['model']}:{r['batch_size']}": {k: r[k] for k in EVENTS} for r in records}
-    events_path(results_path).write_bytes(gzip.compress(json.dumps(points).encode(), mtime=0))
+    write_beside(results_path, EVENTS_SUFFIX,
+                 json.dumps({f"{r['model']}:{r['batch_size']}": {k: r[k] for k in EVENTS} for r in records}))
 
 
 def load_events(results_path: Path) -> dict[str, Timeline]:
     """The timelines ``save_events`` wrote beside ``results_path``, by "model:batch_size"."""
-    points = json.loads(gzip.decompress(events_path(results_path).read_bytes()))
-    return {key: from_record(events) for key, events in points.items()}
+    return {key: from_record(events) for key, events in json.loads(read_beside(results_path, EVENTS_SUFFIX)).items()}
 
 
 def from_trace(trace: dict) -> Timeline:
