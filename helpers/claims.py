@@ -330,10 +330,9 @@ def _own(load: Loader, topic: str, gpu: str) -> results.Result | None:
     return got if got is not None and got.path.parent.name == gpu else None
 
 
-def measured_elasticities(load: Loader, parts: dict[str, str]) -> dict[str, float]:
-    """Notebook 10's measured bandwidth elasticity, the H100's run against the H200's, of each part in ``parts``
-    (our name -> its name in ``bandwidth_elasticity.PARTS``): the median over the configurations both GPUs
-    measured. Parts that either GPU lacks are left out."""
+def elasticity_rows(load: Loader, parts: dict[str, str]) -> dict[str, bandwidth_elasticity.Row]:
+    """Notebook 10's rows, the H100's run against the H200's, of each part in ``parts`` (our name -> its name in
+    ``bandwidth_elasticity.PARTS``) that both GPUs measured: each configuration's bandwidth elasticity."""
     gpus = (bandwidth_elasticity.SLOW, bandwidth_elasticity.FAST)
     ceilings = [_own(load, "ceilings", g) for g in gpus]
     if None in ceilings:
@@ -346,8 +345,14 @@ def measured_elasticities(load: Loader, parts: dict[str, str]) -> dict[str, floa
         part = by_name[name]
         row = bandwidth_elasticity.build_row(part, *(_own(load, part.topic, g) for g in gpus), bw, devices)
         if row.status == "compared":
-            found[ours] = row.e
+            found[ours] = row
     return found
+
+
+def measured_elasticities(load: Loader, parts: dict[str, str]) -> dict[str, float]:
+    """Each part's median bandwidth elasticity over the configurations both GPUs measured
+    (:func:`elasticity_rows`). Parts that either GPU lacks are left out."""
+    return {ours: row.e for ours, row in elasticity_rows(load, parts).items()}
 
 
 STEP_ELASTIC_PARTS = {p: f"QLoRA step: {p}" for p, scale in step_model.PARTS.items() if scale == "bandwidth"}

@@ -136,8 +136,11 @@ EXP2_PER_CLOCK_PER_SM = {"Ampere": 16, "Hopper": 16}
 # The memory a card shows programs (nvidia-smi's total, MiB): less than the datasheet's GB where ECC or the driver
 # keep some. From h2oGPT's benchmark table, which prints each GPU's nvidia-smi memory
 # (https://github.com/h2oai/h2ogpt/blob/a65122797d9cda842b57cf73689536571e3d6725/benchmarks/perf.md; the rows are in
-# results/external/h2ogpt_generate.json). No public nvidia-smi row of an A100 40GB was at hand: it has none here.
-VISIBLE_MEMORY_MIB = {"RTX 6000 Ada": 49140, "RTX A6000": 46068, "A100 80GB SXM": 81920}
+# results/external/h2ogpt_generate.json); the A100 40GB's from an nvidia-smi table under driver 580.126.09, the
+# course's driver family (https://github.com/bottlerocket-os/bottlerocket-core-kit/pull/834), and Modal's list of
+# nvidia-smi totals (https://github.com/modal-labs/modal-client/pull/2797). Drivers of 2021 (470.82) showed the
+# A100 40GB 40,536 MiB (https://github.com/nanopool/phoenix-miner/issues/17): the figure moves with the driver.
+VISIBLE_MEMORY_MIB = {"RTX 6000 Ada": 49140, "RTX A6000": 46068, "A100 80GB SXM": 81920, "A100 40GB SXM": 40960}
 
 
 def tensor_clock_mhz(spec: GpuSpec) -> float | None:

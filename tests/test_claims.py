@@ -431,7 +431,7 @@ def test_both_readings_of_the_seeds_card_are_projected():
     assert float(lead.split(",")[0].split(": ")[1]) == pytest.approx(a100_s / a6000_s, abs=0.01)
 
 
-def test_memory_verdicts_print_their_margin_in_gib():
+def test_memory_verdicts_print_their_margin_in_gib(monkeypatch):
     run = {"kind": "train", "model": "70b", "cap_gb": 48, "batch_size": 2, "status": "ok", "peak_reserved_gb": 44.5,
            "context_gb": 0.5}
     margin = claims.memory_margin([run], "70b", 2, 48)
@@ -439,4 +439,6 @@ def test_memory_verdicts_print_their_margin_in_gib():
     assert margin.startswith("needs 45.00 GiB") and "+3.00 under the 48 GiB cap" in margin
     assert f"{a6000 - 45.0:+.2f} on the RTX A6000's {a6000:.2f} GiB" in margin
     assert claims.memory_margin([{**run, "status": "oom"}], "70b", 2, 48) is None  # no need known where it failed
+    assert "-5.00 on the A100 40GB SXM's 40.00 GiB" in claims.memory_margin([{**run, "cap_gb": 40}], "70b", 2, 40)
+    monkeypatch.delitem(datasheets.VISIBLE_MEMORY_MIB, "A100 40GB SXM")
     assert "visible memory not on record" in claims.memory_margin([{**run, "cap_gb": 40}], "70b", 2, 40)

@@ -173,3 +173,29 @@ def test_retime_re_times_the_fit_gpus_points(monkeypatch):
 def test_the_bar_stays_where_it_was_set_before_the_h100_measured():
     """Pre-registered (issue 50): a bar moved after seeing the H100's steps would no longer test the model."""
     assert (transfer.BAR.median_step_error, transfer.BAR.part_share, transfer.BAR.part_error) == (0.15, 0.10, 0.25)
+
+
+class Halving:
+    """A stand-in step model: on the H200 each device part takes half its time here, the host the same."""
+
+    here = datasheets.by_name("H100 SXM")
+
+    def predict(self, model, batch, padded_len, card):
+        scale = 0.5 if card is H200 else 1.0
+        parts = {**{p: 0.0 for p in PARTS}, "matmul": 0.04 * scale, "element-wise": 0.02 * scale, "host": 0.04}
+        return {**parts, "step_s": sum(parts.values())}
+
+
+def test_replay_rows_by_hand():
+    from helpers.finetune.launch_replay import Launch, Sync, Timeline
+
+    # the host issues a 40 us matmul at 0 and a 20 us element-wise kernel at 50 (device idle between), then waits
+    timeline = Timeline((Launch(0, 0, 40, "matmul"), Launch(50, 50, 20, "element-wise")), (Sync(60, 70),))
+    here, there = parts_record(4, {}) | {"step_s": 0.1}, parts_record(4, {}) | {"step_s": 0.08}
+    got = transfer.replay_rows(Halving(), H200, {"7b:4": timeline, "13b:1": timeline}, [here], [there])
+    assert [(r["model"], r["batch"]) for r in got] == [("7b", 4)]  # 13B: measured on neither GPU
+    r = got[0]
+    assert r["added s"] == pytest.approx(0.07) and r["added error"] == pytest.approx(0.07 / 0.08 - 1)
+    # replayed: the matmul ends at 20, hidden before the host issues at 50; the element-wise ends at 60: 60 of 70 us
+    assert r["replayed s"] == pytest.approx(0.1 * 60 / 70) and r["replayed error"] == pytest.approx(0.6 / 0.56 - 1)
+    assert r["host issue ms"] == pytest.approx(0.05) and r["wall - device ms"] == pytest.approx(0.01)

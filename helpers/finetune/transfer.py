@@ -2,7 +2,8 @@
 steps, and a bar fixed before that GPU measured anything says whether the prediction holds.
 
 :func:`rows` sets each predicted step (and, where the other GPU measured its step parts, each part) beside the
-measured one; :func:`judge` holds them to the bar (:data:`BAR`); :func:`report` prints both.
+measured one; :func:`judge` holds them to the bar (:data:`BAR`); :func:`report` prints both. :func:`replay_rows`
+tests the host's part two ways: added to the device's time, or the recorded step replayed.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import textwrap
 from dataclasses import dataclass
 
 from ..datasheets import GpuSpec
+from .launch_replay import Timeline
 from .step_model import PARTS, StepModel, trained_runs, validate
 
 
@@ -130,3 +132,33 @@ def report(table: list[dict], judgement: Judgement, fit: str, target: str) -> li
     lines.append(f"verdict: {'PASSED' if judgement.passed else 'FAILED'}")
     lines += [f"  {reason}" for reason in judgement.reasons]
     return lines
+
+
+def replay_rows(step_model: StepModel, target: GpuSpec, timelines: dict[str, Timeline], here_parts: list[dict],
+                target_parts: list[dict]) -> list[dict]:
+    """The step model's two ways to put the host beside the device, each predicting ``target``'s measured step at
+    every point both GPUs' ``train_parts`` measured and ``timelines`` (``launch_replay.load_events``, recorded on
+    the model's own GPU) holds. "added": the device's parts scaled to ``target``, plus the host's part (wall minus
+    kernels) as measured. "replayed": the recorded step replayed with each kernel scaled by its part's ratio
+    (``target``'s predicted part time over this GPU's), the host's issue times kept; the replayed wall over the
+    recorded one times this GPU's measured step (the profiler slows the host, so the ratio is taken, not the
+    time; the timeline is one of the point's batches)."""
+    here_at, target_at = ({(r["model"], r["batch_size"]): r for r in parts if r.get("what") == "train_parts"}
+                          for parts in (here_parts, target_parts))
+    out = []
+    for key, timeline in timelines.items():
+        model, batch = key.split(":")
+        point = (model, int(batch))
+        if point not in here_at or point not in target_at:
+            continue
+        here, measured = here_at[point], target_at[point]["step_s"]
+        length = here["mean_padded_len"]
+        on_here, on_target = (step_model.predict(model, int(batch), length, card) for card in (step_model.here, target))
+        ratio = {p: on_target[p] / on_here[p] for p in PARTS if p != "host" and on_here[p] > 0}
+        replayed = here["step_s"] * timeline.replay(lambda part: ratio.get(part, 1.0)) / timeline.wall_us()
+        out.append({"model": model, "batch": int(batch), "here s": here["step_s"], "measured s": measured,
+                    "added s": on_target["step_s"], "added error": on_target["step_s"] / measured - 1,
+                    "replayed s": replayed, "replayed error": replayed / measured - 1,
+                    "host issue ms": timeline.host_issue_us() / 1e3,
+                    "wall - device ms": (timeline.wall_us() - timeline.device_us()) / 1e3})
+    return out
