@@ -12,7 +12,7 @@ other special functions) were (shares of peak over the SMs' active cycles), the 
 warps resident and ready per scheduler, the launch (grid, block, registers, dynamic shared memory), warp
 instructions, and the three stall reasons that cost its warps most cycles per issued instruction (``stall_1`` to
 ``stall_3``, with their cycles). Written to
-``results/<gpu>/flash_attention_counters.json``, ncu's raw output beside it (.csv).
+``results/<gpu>/flash_attention_counters.json``, ncu's raw output beside it (.csv.gz).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
 
 For each Llama-2-7B weight shape the kernel's default launch runs twice (the first compiles it) under
 ``ncu --clock-control none`` (the GPU's own clocks, as in every other measurement of the course). The
-second launch's counters go to ``results/<gpu>/nf4_gemv_counters.json``, ncu's raw output next to it (.csv):
+second launch's counters go to ``results/<gpu>/nf4_gemv_counters.json``, ncu's raw output next to it (.csv.gz):
 its time, DRAM throughput (share of peak, over the whole kernel), how busy the ALU pipe (integer and logic:
 the nibble lookups' ``prmt`` and ``lop3``) and the FMA pipe were (shares of peak over the cycles the SMs were
 active), the issue slots used, warps resident and ready per scheduler, registers, and a thread's instructions

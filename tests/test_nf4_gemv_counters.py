@@ -5,6 +5,7 @@ import json
 import pytest
 
 from helpers.studies.decoding_ladder import LLAMA_7B_SHAPES
+from helpers import results
 from helpers.results import REPO_ROOT
 
 spec = importlib.util.spec_from_file_location("nf4_gemv_counters", REPO_ROOT / "scripts" / "nf4_gemv_counters.py")
@@ -45,9 +46,9 @@ def test_parse_refuses_a_missing_launch():
 
 def test_parse_reads_the_committed_h200_run():
     """The committed raw ncu output parses to the committed records (real metric names, units, layout)."""
-    raw = REPO_ROOT / "results" / "h200" / "nf4_gemv_counters.csv"
-    saved = json.loads(raw.with_suffix(".json").read_text())["records"]
-    parsed = counters.parse(raw.read_text())
+    path = REPO_ROOT / "results" / "h200" / "nf4_gemv_counters.json"
+    saved = json.loads(path.read_text())["records"]
+    parsed = counters.parse(results.read_beside(path, ".csv.gz"))
     for rec in saved:
         rec.pop("config", None)  # added after parsing, from the launch table
     assert parsed == saved
