@@ -18,7 +18,7 @@ import pandas as pd
 from .studies import attention_designs, bandwidth_elasticity, eager_chain, roofline
 from . import results, datasheets
 from .device import SCALE
-from .finetune import analysis, retime, step_model
+from .finetune import analysis, launch_replay, retime, step_model, transfer
 from .llama import models
 
 CONFIRMED, REFUTED, PARTLY, UNDECIDED = "confirmed", "refuted", "partly", "not decided by this run"
@@ -371,6 +371,30 @@ def transfer_errors(load: Loader, fit_gpu: str) -> dict[str, float]:
     return errors
 
 
+def sweep_or_retimed(topic: str, gpu: str) -> results.Result | None:
+    """A loader for :func:`seed_sweep` that reads ``gpu``'s own files only: where it has no sweep, its re-timed
+    points (``finetune_timing.json``) stand for one."""
+    return results.find(topic, gpu) or (results.find(retime.TOPIC, gpu) if topic == "finetune" else None)
+
+
+def transfer_test(fit: str, target: str) -> tuple[list[dict], transfer.Judgement] | str:
+    """The step model built on the GPU folder ``fit``'s step parts predicting ``target``'s measured steps at the
+    points both GPUs timed in the seed's setting (``transfer.rows``, judged by the pre-registered bar), from the
+    committed results: the rows and the judgement, or why the test cannot run."""
+    parts = {gpu: results.find("step_parts", gpu) for gpu in (fit, target)}
+    sweeps = {gpu: seed_sweep(sweep_or_retimed, gpu) for gpu in (fit, target)}
+    lacking = [f"{gpu}'s {what}" for gpu in (fit, target) for what, got in (("step parts", parts[gpu]),
+                                                                          ("timed steps", sweeps[gpu])) if got is None]
+    if lacking:
+        return "no " + ", no ".join(lacking)
+    cards = {gpu: _card(parts[gpu]) for gpu in (fit, target)}
+    if None in cards.values():
+        return "no datasheet row for " + ", ".join(parts[g].provenance.get("gpu", g) for g in cards if cards[g] is None)
+    model = step_model.StepModel.from_records(parts[fit].records, cards[fit])
+    table = transfer.rows(model, cards[target], sweeps[target], parts[target].records, sweeps[fit])
+    return table, transfer.judge(table)
+
+
 SEED_CARD, OTHER_READING = "RTX 6000 Ada", "RTX A6000"  # the seed's "A6000 Ada"; read as the Ampere RTX A6000
 
 
@@ -395,13 +419,17 @@ def small_batch_projection(load: Loader, gpu: str, card: str = SEED_CARD) -> tup
     transfer = transfer_errors(load, parts.path.parent.name)
     errors = {**step_model.uncertainty(rows), **transfer} if rows else {}
     elastic = measured_elasticities(load, STEP_ELASTIC_PARTS)
-    small = [r for r in step_model.rank(model, rows, a100, ada, errors, elastic or None)
+    timeline = load("step_timeline", parts.path.parent.name)  # that GPU's, else the reference H100's
+    recorded_on = _card(timeline) if timeline else None
+    timelines = launch_replay.load_events(timeline.path) if recorded_on else {}
+    small = [r for r in step_model.rank(model, rows, a100, ada, errors, elastic or None, timelines, recorded_on)
              if r["model"] in ("7b", "13b") and r["batch"] <= SMALL_BATCH
              and all(analysis.status(main, r["model"], r["batch"], cap) == "ok" for cap in (40, 48))]
     if not small:
         return f"no 7B or 13B batch <= {SMALL_BATCH} trained under both caps"
     return small, {"model": model, "here": here, "a100": a100, "ada": ada, "rows": rows, "elastic": elastic,
-                   "transfer": transfer, "errors": errors}
+                   "transfer": transfer, "errors": errors, "timeline": timeline if timelines else None,
+                   "timelines": timelines, "recorded_on": recorded_on}
 
 
 def a100_small_batches(load: Loader, gpu: str) -> Verdict:
@@ -413,9 +441,11 @@ def a100_small_batches(load: Loader, gpu: str) -> Verdict:
             "each bandwidth part scaled by its bandwidth elasticity measured between the H100 and the H200 "
             "(notebook 10), the rest of its time fixed or following the SMs x boost clock (without that "
             f"measurement: a part streaming under {step_model.PACED_FRACTION:.0%} of the datasheet bandwidth "
-            "follows the bandwidth or the clock). Above 1 at every point: confirmed; below 1 at every point: "
-            "refuted; above 1 at some: partly; otherwise (holding 1 everywhere, or below 1 at some and holding 1 "
-            "at the others): not decided")
+            "follows the bandwidth or the clock). Where the step's launch timeline was recorded (step_timeline.json, "
+            "appendix 06a), the host is neither added nor hidden: the recorded step is replayed with each kernel's "
+            "time scaled by its part's projected time on the card, the host's issue times kept. Above 1 at every "
+            "point: confirmed; below 1 at every point: refuted; above 1 at some: partly; otherwise (holding 1 "
+            "everywhere, or below 1 at some and holding 1 at the others): not decided")
     got = small_batch_projection(load, gpu)
     if isinstance(got, str):
         return Verdict(UNDECIDED, rule, {}, got)
@@ -424,8 +454,8 @@ def a100_small_batches(load: Loader, gpu: str) -> Verdict:
     what_if = ("the rest of the bandwidth parts' time followed the SMs' clock" if elastic
                else "it followed the SMs' clock instead")
     evidence = {f"{r['model']} batch {r['batch']}: Ada / A100 step time": (
-        f"{r['ratio']:.2f} ({r['low']:.2f}-{r['high']:.2f} at +-{r['uncertainty']:.0%}), {r['deciding']} decides "
-        f"({r['clock what-if']:.2f} if {what_if})") for r in small}
+        f"{r['ratio']:.2f} ({r['low']:.2f}-{r['high']:.2f} at +-{r['uncertainty']:.0%}, host {r['host']}), "
+        f"{r['deciding']} decides ({r['clock what-if']:.2f} if {what_if})") for r in small}
     padded = {(r["model"], r["batch"]): r["mean_padded_len"] for r in built["rows"]}
     ties = [step_model.tie_share(here, a100, ada, step_model.matmul_flops(
         models.MODELS[r["model"]], r["batch"], padded[r["model"], r["batch"]])) for r in small]
@@ -435,6 +465,10 @@ def a100_small_batches(load: Loader, gpu: str) -> Verdict:
             f"{m} {e:.0%}" for m, e in sorted(built["transfer"].items()))
     if elastic:
         evidence["bandwidth elasticity, H100 against H200"] = ", ".join(f"{p} {e:.2f}" for p, e in elastic.items())
+    if built["timeline"]:
+        timeline = built["timeline"]
+        evidence[f"host issue time / wall, recorded on the {_card(timeline).name}"] = ", ".join(
+            f"{r['model']} batch {r['batch_size']} {r['host_issue_us'] / r['wall_us']:.2f}" for r in timeline.records)
     other = small_batch_projection(load, gpu, OTHER_READING)
     if not isinstance(other, str):
         evidence[f"the other reading, {OTHER_READING} / A100 step time"] = "; ".join(

@@ -24,15 +24,10 @@ import sys
 
 import helpers  # first: on a machine without a GPU it sets the Triton interpreter up
 from helpers import claims, datasheets, results
-from helpers.finetune import point_spec, retime, step_model, transfer
+from helpers.finetune import point_spec, retime, transfer
 
 TOPIC = "step_model_validation"
 SESSION_GAP_S = 600  # consecutive re-timed points further apart than this were measured in different sessions
-
-
-def own_timing(topic: str, gpu: str) -> results.Result | None:
-    """A loader for ``claims.seed_sweep``: where ``gpu`` has no sweep, its re-timed points stand for it."""
-    return results.find(topic, gpu) or (results.find(retime.TOPIC, gpu) if topic == "finetune" else None)
 
 
 def card(gpu: str) -> datasheets.GpuSpec:
@@ -83,7 +78,7 @@ def missing(fit: str, target: str) -> str | None:
         every = results.find("step_parts", fit)
         todo.append(f"`python scripts/step_parts.py --train {points} --timed {timed}` (its decode parts too; "
                     f"{parts_estimate(every.records if every else [])} on the {fit})")
-    if claims.seed_sweep(own_timing, target) is None:
+    if claims.seed_sweep(claims.sweep_or_retimed, target) is None:
         timing = results.find(retime.TOPIC, fit)
         todo.append(f"`python scripts/step_model_transfer.py --retime --fit {fit} --budget-s 480` until none is "
                     f"left ({retime_estimate(timing.records if timing else [])} on the {fit})")
@@ -120,11 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     if line:
         print(line, file=sys.stderr)
         return 2
-    fit_parts = results.find("step_parts", args.fit)
-    model = step_model.StepModel.from_records(fit_parts.records, card(args.fit))
-    table = transfer.rows(model, card(args.target), claims.seed_sweep(own_timing, args.target),
-                          train_parts(args.target), claims.seed_sweep(results.find, args.fit))
-    verdict = transfer.judge(table)
+    got = claims.transfer_test(args.fit, args.target)
+    if isinstance(got, str):
+        print(got, file=sys.stderr)
+        return 2
+    table, verdict = got
     print("\n".join(transfer.report(table, verdict, args.fit, args.target)))
     if not table:
         print(f"not saved: no point measured on both {args.fit} and {args.target}")

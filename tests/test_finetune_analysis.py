@@ -187,3 +187,21 @@ def test_measured_elasticities_replace_the_unpaced_parts_either_or():
     assert lead["fixed"][0] == pytest.approx(1 / step_model.elastic_factor(A100, ADA, 0.25, "fixed"))
     with pytest.raises(ValueError, match="scaling must be one of"):
         step_model.decode_seconds(host_only, H200, A100, 10, "bandwidth", elasticity=0.25)
+
+
+def test_a_replayed_timeline_sets_the_host_beside_the_device():
+    """With a recorded step, each card's step is the replay: a step the host paces is a tie on any two cards; a step
+    the device paces gives the device's ratio; the host's own error no longer widens the range."""
+    from helpers.finetune.launch_replay import Launch, Sync, Timeline
+    model = step_model.StepModel.from_records([_streamed(4, 500.0, 100.0, 0.6, 1.0)], H200)
+    host_paced = Timeline((Launch(0, 5, 1, "matmul"), Launch(1000, 1005, 1, "element-wise")), (Sync(1001, 1010),))
+    device_paced = Timeline((Launch(0, 5, 800, "matmul"), Launch(1, 805, 200, "element-wise")), (Sync(2, 1010),))
+    tie = step_model.compare(model, "7b", 4, 500.0, A100, ADA, 0.2, timeline=host_paced)
+    assert tie["host"] == "replayed" and tie["ratio"] == pytest.approx(1.0, abs=2e-3)
+    assert tie["high"] - tie["low"] < 4e-3  # only the last kernel, after the host's last launch, moves the step
+    device = step_model.compare(model, "7b", 4, 500.0, A100, ADA, 0.0, timeline=device_paced)
+    on = {card: model.predict("7b", 4, 500.0, card) for card in (H200, A100, ADA)}
+    expected = sum((800, 200)[i] * on[ADA][p] / on[H200][p] for i, p in enumerate(("matmul", "element-wise"))) / sum(
+        (800, 200)[i] * on[A100][p] / on[H200][p] for i, p in enumerate(("matmul", "element-wise")))
+    assert device["ratio"] == pytest.approx(expected, rel=2e-3)  # the launch latency and the last wait, not scaled
+    assert step_model.compare(model, "7b", 4, 500.0, A100, ADA, 0.0)["host"] == "added or hidden"

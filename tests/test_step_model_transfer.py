@@ -199,3 +199,16 @@ def test_replay_rows_by_hand():
     # replayed: the matmul ends at 20, hidden before the host issues at 50; the element-wise ends at 60: 60 of 70 us
     assert r["replayed s"] == pytest.approx(0.1 * 60 / 70) and r["replayed error"] == pytest.approx(0.6 / 0.56 - 1)
     assert r["host issue ms"] == pytest.approx(0.05) and r["wall - device ms"] == pytest.approx(0.01)
+
+
+def test_both_directions_run_on_the_points_both_gpus_timed():
+    """From the committed results: the H100-built model predicting the H200 meets the same points as the H200-built
+    model predicting the H100, each direction's "fit s" the other's measured step on the same texts."""
+    from helpers import claims
+    forward, back = (claims.transfer_test(fit, target) for fit, target in
+                     ((results.SECOND_GPU, results.REFERENCE_GPU), (results.REFERENCE_GPU, results.SECOND_GPU)))
+    assert not isinstance(forward, str) and not isinstance(back, str), (forward, back)
+    points = [(r["model"], r["batch"]) for r in forward[0]]
+    assert len(points) >= 8 and points == [(r["model"], r["batch"]) for r in back[0]]
+    assert all(r["fit measured s"] is not None for r in back[0])
+    assert claims.transfer_test(results.REFERENCE_GPU, "nowhere") == "no nowhere's step parts, no nowhere's timed steps"

@@ -38,6 +38,7 @@ from ..llama.data import TokenizedData, make_batches
 from ..llama.lora import LoraSettings, attach_lora, check_checkpointing
 from ..llama.models import MODELS, ModelSpec, build_model
 from .gemm_count import GemmCount
+from .launch_replay import Timeline
 from .timing import time_steps, train_step
 
 PASSES = 3  # forward, forward again (gradient checkpointing), backward
@@ -317,7 +318,8 @@ def uncertainty(rows: list[dict]) -> dict[str, float]:
 
 
 def compare(step_model: StepModel, model: str, batch: int, padded_len: float, a: GpuSpec, b: GpuSpec,
-            error: float, elasticities: dict[str, float] | None = None) -> dict:
+            error: float, elasticities: dict[str, float] | None = None, timeline: Timeline | None = None,
+            recorded_on: GpuSpec | None = None) -> dict:
     """``b``'s step time over ``a``'s: the nominal ratio (host added in full) and its range when each scale's
     time (tensor, bandwidth, host) is off by up to ``error`` (the same on both cards: the same software), the
     host is added or hidden, and the bandwidth parts that stream far below the bandwidth
@@ -327,26 +329,41 @@ def compare(step_model: StepModel, model: str, batch: int, padded_len: float, a:
 
     With ``elasticities`` (each part's measured bandwidth elasticity), those parts follow the bandwidth by it and
     the rest of their time stays fixed (nominal) or follows the SMs' clock (the range) in place of the unpaced
-    parts' either-or; the what-if is then the nominal ratio with the rest of all their time on the clock."""
+    parts' either-or; the what-if is then the nominal ratio with the rest of all their time on the clock.
+
+    With ``timeline`` (that point's step recorded on ``recorded_on``, default this GPU, :mod:`launch_replay`),
+    each card's step is the timeline replayed with every kernel's time scaled by its part's predicted time on the
+    card over its predicted time on ``recorded_on``, the host's issue times kept as measured: the host is neither
+    added nor hidden, and has no error of its own."""
     if not 0 <= error < 1:
         raise ValueError(f"error must be in [0, 1), got {error}")
     variants = ([{"elasticities": elasticities, "rest": rest} for rest in REST_SCALINGS] if elasticities
                 else [{"clock_parts": ()}, {"clock_parts": step_model.unpaced_parts()}])
+    here = step_model.predict(model, batch, padded_len, recorded_on or step_model.here)
+
+    def step(card: GpuSpec, **options) -> float:
+        """The step on ``card``: the model's sum, or the timeline replayed (microseconds: only ratios are used)."""
+        predicted = step_model.predict(model, batch, padded_len, card, **options)
+        if timeline is None:
+            return predicted["step_s"]
+        return timeline.replay(lambda part: predicted[part] / here[part] if here.get(part) else 1.0)
+
+    scales, overlaps = (SCALES, (False, True)) if timeline is None else (SCALES[:-1], (False,))
     ratios = []
     for variant in variants:
-        for signs in itertools.product((1 - error, 1 + error), repeat=len(SCALES)):
-            factors = dict(zip(SCALES, signs))
-            for overlap in (False, True):
-                pa, pb = (step_model.predict(model, batch, padded_len, card, factors, overlap, **variant)
-                          for card in (a, b))
-                ratios.append(pb["step_s"] / pa["step_s"])
+        for signs in itertools.product((1 - error, 1 + error), repeat=len(scales)):
+            factors = dict(zip(scales, signs))
+            for overlap in overlaps:
+                ratios.append(step(b, factors=factors, overlap=overlap, **variant)
+                              / step(a, factors=factors, overlap=overlap, **variant))
     pa, pb = (step_model.predict(model, batch, padded_len, card, elasticities=elasticities) for card in (a, b))
     sign = 1.0 if pb["device_s"] >= pa["device_s"] else -1.0  # the part that moves the device time most that way
     deciding = max((p for p in PARTS if p != "host"), key=lambda p: sign * (pb[p] - pa[p]))
     what_if = {"elasticities": elasticities, "rest": "clock"} if elasticities else {"clock_parts": (deciding,)}
-    ca, cb = (step_model.predict(model, batch, padded_len, card, **what_if) for card in (a, b))
-    return {"ratio": pb["step_s"] / pa["step_s"], "low": min(ratios), "high": max(ratios), "deciding": deciding,
-            "deciding_s": pb[deciding] - pa[deciding], "clock what-if": cb["step_s"] / ca["step_s"]}
+    return {"ratio": step(b, elasticities=elasticities) / step(a, elasticities=elasticities),
+            "low": min(ratios), "high": max(ratios), "deciding": deciding, "deciding_s": pb[deciding] - pa[deciding],
+            "clock what-if": step(b, **what_if) / step(a, **what_if),
+            "host": "added or hidden" if timeline is None else "replayed"}
 
 
 def tie_share(here: GpuSpec, a: GpuSpec, b: GpuSpec, flops: dict[str, float] | None = None) -> float:
@@ -362,18 +379,20 @@ def tie_share(here: GpuSpec, a: GpuSpec, b: GpuSpec, flops: dict[str, float] | N
 
 
 def rank(step_model: StepModel, rows: list[dict], a: GpuSpec, b: GpuSpec, errors: dict[str, float] | None = None,
-         elasticities: dict[str, float] | None = None) -> list[dict]:
+         elasticities: dict[str, float] | None = None, timelines: dict[str, Timeline] | None = None,
+         recorded_on: GpuSpec | None = None) -> list[dict]:
     """For each validated point (:func:`validate`'s rows): ``b``'s step time over ``a``'s as a range under that
     model's uncertainty (``errors`` per model, else :func:`uncertainty` of ``rows``; :func:`compare`, with
-    ``elasticities``), the card it favours ("not decided by this run" where the range holds 1) and the deciding
-    part."""
-    errors = errors or uncertainty(rows)
+    ``elasticities``, and the point's timeline, recorded on ``recorded_on``, where ``timelines``, keyed
+    "model:batch", holds one), the card it
+    favours ("not decided by this run" where the range holds 1) and the deciding part."""
+    errors, timelines = errors or uncertainty(rows), timelines or {}
     ranked = []
     for r in rows:
         if r["model"] not in errors:
             continue
         c = compare(step_model, r["model"], r["batch"], r["mean_padded_len"], a, b, min(errors[r["model"]], 0.99),
-                    elasticities)
+                    elasticities, timelines.get(f"{r['model']}:{r['batch']}"), recorded_on)
         winner = a.name if c["low"] > 1 else b.name if c["high"] < 1 else "not decided by this run"
         ranked.append({"model": r["model"], "batch": r["batch"], "uncertainty": errors[r["model"]], **c,
                        "faster": winner})
