@@ -23,20 +23,11 @@ import statistics
 import sys
 
 import helpers  # first: on a machine without a GPU it sets the Triton interpreter up
-from helpers import claims, datasheets, results
+from helpers import claims, results
 from helpers.finetune import point_spec, retime, transfer
 
 TOPIC = "step_model_validation"
 SESSION_GAP_S = 600  # consecutive re-timed points further apart than this were measured in different sessions
-
-
-def card(gpu: str) -> datasheets.GpuSpec:
-    """The datasheet row of the GPU that measured the folder ``gpu`` (its device.json's provenance)."""
-    name = results.load("device", gpu).provenance["gpu"]
-    spec = datasheets.lookup(name)
-    if spec is None:
-        raise SystemExit(f"no datasheet row for {name} ({gpu})")
-    return spec
 
 
 def train_parts(gpu: str) -> list[dict]:

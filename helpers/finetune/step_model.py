@@ -384,8 +384,8 @@ def rank(step_model: StepModel, rows: list[dict], a: GpuSpec, b: GpuSpec, errors
     """For each validated point (:func:`validate`'s rows): ``b``'s step time over ``a``'s as a range under that
     model's uncertainty (``errors`` per model, else :func:`uncertainty` of ``rows``; :func:`compare`, with
     ``elasticities``, and the point's timeline, recorded on ``recorded_on``, where ``timelines``, keyed
-    "model:batch", holds one), the card it
-    favours ("not decided by this run" where the range holds 1) and the deciding part."""
+    "model:batch", holds one), the card it favours ("not decided by this run" where the range holds 1) and the
+    deciding part."""
     errors, timelines = errors or uncertainty(rows), timelines or {}
     ranked = []
     for r in rows:
