@@ -11,6 +11,7 @@ import csv
 import gzip
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,6 +68,28 @@ def raw_rows(text: str) -> list[dict[str, str]]:
 def number(row: dict[str, str], metric: str) -> float:
     """``row``'s value of ``metric`` as a number (ncu writes thousands with commas)."""
     return float(row[metric].replace(",", ""))
+
+
+STALL_SECTION = "WarpStateStats"  # the section whose metrics say why warps did not issue
+STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")  # cycles an issue
+
+
+def top_stalls(row: dict[str, str], count: int = 3) -> dict[str, str | float | None]:
+    """The ``count`` stall reasons that cost ``row``'s warps most cycles per issued instruction (``STALL_SECTION``),
+    most first: ``stall_1`` (its name) and ``stall_1_cycles``, and so on, None past the last reason measured."""
+    stalls = {STALL.match(m).group(1): number(row, m) for m in row if STALL.match(m) and row[m]}
+    stalls.pop("selected", None)  # a warp issuing: not a stall
+    top = sorted(stalls.items(), key=lambda kv: -kv[1])[:count]
+    fields: dict[str, str | float | None] = {}
+    for i in range(count):
+        fields[f"stall_{i + 1}"], fields[f"stall_{i + 1}_cycles"] = top[i] if i < len(top) else (None, None)
+    return fields
+
+
+def stall_text(record: dict, count: int = 3) -> str:
+    """:func:`top_stalls`' fields of ``record`` as "name cycles, ..." ("not measured" without them)."""
+    names = [i for i in range(1, count + 1) if record.get(f"stall_{i}")]
+    return ", ".join(f"{record[f'stall_{i}']} {record[f'stall_{i}_cycles']:.1f}" for i in names) or "not measured"
 
 
 def script_main(script: str, topic: str, what: str, launch: Callable[[], None], parse: Callable[[str], list[dict]],

@@ -28,7 +28,7 @@ IMPLS = {"course": "triton", "cudnn": "sdpa_cudnn"}  # record name -> helpers.st
 CASES = [(impl, causal) for impl in IMPLS for causal in (False, True)]
 PASSES = ("fwd", "bwd")
 MARKER = "spin_kernel"  # torch.cuda._sleep's kernel
-SECTIONS = ["SpeedOfLight", "ComputeWorkloadAnalysis", "Occupancy", "LaunchStats", "WarpStateStats"]
+SECTIONS = ["SpeedOfLight", "ComputeWorkloadAnalysis", "Occupancy", "LaunchStats", ncu.STALL_SECTION]
 METRICS = ncu.KERNEL_METRICS  # record field -> ncu metric, requested by name
 SECTION_METRICS = {  # record field -> a metric the sections collect (None when this ncu names it otherwise)
     "sm_throughput_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
@@ -37,8 +37,6 @@ SECTION_METRICS = {  # record field -> a metric the sections collect (None when 
 TENSOR_PIPE = re.compile(r"^sm__pipe_\w*tensor\w*_cycles_active\.avg\.pct_of_peak_sustained_active$")
 # the transcendental unit (MUFU: exp2, log2, reciprocal), the softmax's pipe, as ComputeWorkloadAnalysis names it
 XU_PIPE = re.compile(r"^sm__(inst_executed_)?pipe_xu\w*\.avg\.pct_of_peak_sustained_active$")
-TOP_STALLS = 3
-STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")  # cycles an issue
 
 
 def launch() -> None:
@@ -76,12 +74,7 @@ def record(row: dict[str, str]) -> dict:
     rec["tensor_pipe_metric"] = max(tensor, key=tensor.get) if tensor else None
     xu = [ncu.number(row, m) for m in row if XU_PIPE.match(m) and row[m]]
     rec["xu_pipe_pct"] = max(xu) if xu else None
-    stalls = {STALL.match(m).group(1): ncu.number(row, m) for m in row if STALL.match(m) and row[m]}
-    stalls.pop("selected", None)  # a warp issuing: not a stall
-    top = sorted(stalls.items(), key=lambda kv: -kv[1])[:TOP_STALLS]
-    for i in range(TOP_STALLS):
-        rec[f"stall_{i + 1}"], rec[f"stall_{i + 1}_cycles"] = top[i] if i < len(top) else (None, None)
-    return rec
+    return {**rec, **ncu.top_stalls(row)}
 
 
 def parse(text: str) -> list[dict]:
@@ -109,12 +102,11 @@ def show(records: list[dict]) -> None:
         tensor = "n/a" if r["tensor_pipe_pct"] is None else f"{r['tensor_pipe_pct']:4.0f}%"
         xu = "n/a" if r["xu_pipe_pct"] is None else f"{r['xu_pipe_pct']:4.0f}%"
         smem = "n/a" if r["shared_bytes"] is None else f"{r['shared_bytes'] / 1024:5.0f} KiB"
-        stalls = ", ".join(f"{r[f'stall_{i}']} {r[f'stall_{i}_cycles']:.1f}" for i in range(1, TOP_STALLS + 1)
-                           if r[f"stall_{i}"])
         print(f"{r['impl']:6s} {'causal' if r['causal'] else 'full':6s} {r['pass']:3s} {r['kernel'][:40]:40s} "
               f"{r['duration_us']:8.1f} us  tensor {tensor}  exp2 pipe {xu}  issue {r['issue_slots_pct']:4.0f}%  "
               f"warps/scheduler {r['warps_per_scheduler']:.1f} ({r['eligible_per_scheduler']:.2f} ready)  "
-              f"grid {r['grid']:.0f} x {r['block']:.0f}  {r['registers']:.0f} registers  {smem}  stalls: {stalls}")
+              f"grid {r['grid']:.0f} x {r['block']:.0f}  {r['registers']:.0f} registers  {smem}  "
+              f"stalls: {ncu.stall_text(r)}")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,17 @@
 """Hardware counters of the fused nf4 kernel at one row of x (a decode step), read by Nsight Compute.
 
     python scripts/nf4_gemv_counters.py                        # runs ncu on itself; needs ncu and a GPU
-    python scripts/nf4_gemv_counters.py --from-csv saved.csv   # the table again from a saved ncu output
+    python scripts/nf4_gemv_counters.py --from-csv saved.csv.gz   # the table again from a saved ncu output
 
 For each Llama-2-7B weight shape the kernel's default launch runs twice (the first compiles it) under
 ``ncu --clock-control none`` (the GPU's own clocks, as in every other measurement of the course). The
 second launch's counters go to ``results/<gpu>/nf4_gemv_counters.json``, ncu's raw output next to it (.csv.gz):
 its time, DRAM throughput (share of peak, over the whole kernel), how busy the ALU pipe (integer and logic:
 the nibble lookups' ``prmt`` and ``lop3``) and the FMA pipe were (shares of peak over the cycles the SMs were
-active), the issue slots used, warps resident and ready per scheduler, registers, and a thread's instructions
-per weight (warp instructions x 32 / weights). ncu flushes the caches before each measured pass, so each
-launch reads its weight from HBM.
+active), the issue slots used, warps resident and ready per scheduler, registers, a thread's instructions
+per weight (warp instructions x 32 / weights), and the three stall reasons that cost its warps most cycles per
+issued instruction (``stall_1`` to ``stall_3``, with their cycles). ncu flushes the caches before each measured
+pass, so each launch reads its weight from HBM.
 """
 from __future__ import annotations
 
@@ -59,6 +60,8 @@ def parse(text: str) -> list[dict]:
             rec[field] = ncu.number(row, metric)
         rec["duration_us"] = rec.pop("duration_ns") / 1e3
         rec["instructions_per_weight"] = 32 * rec["warp_instructions"] / (n * k)
+        if any(ncu.STALL.match(m) for m in row):  # a run with the stall section (earlier saved runs lack it)
+            rec.update(ncu.top_stalls(row))
         records.append(rec)
     return records
 
@@ -71,7 +74,7 @@ def show(records: list[dict]) -> None:
               f"FMA pipe {r['fma_pipe_pct']:4.0f}%  issue {r['issue_slots_pct']:4.0f}%  warps/scheduler "
               f"{r['warps_per_scheduler']:.1f} ({r['eligible_per_scheduler']:.2f} ready)  "
               f"{r['registers']:.0f} registers  "
-              f"{r['instructions_per_weight']:.2f} instructions/weight")
+              f"{r['instructions_per_weight']:.2f} instructions/weight  stalls: {ncu.stall_text(r)}")
 
 
 def add_configs(records: list[dict]) -> None:
@@ -82,4 +85,4 @@ def add_configs(records: list[dict]) -> None:
 
 if __name__ == "__main__":
     sys.exit(ncu.script_main(__file__, "nf4_gemv_counters", "the nf4 kernel", launch, parse, show, add_configs,
-                             metrics=list(METRICS.values()), kernel_regex=KERNEL_REGEX))
+                             metrics=list(METRICS.values()), sections=[ncu.STALL_SECTION], kernel_regex=KERNEL_REGEX))

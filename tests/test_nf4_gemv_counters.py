@@ -52,3 +52,16 @@ def test_parse_reads_the_committed_h200_run():
     for rec in saved:
         rec.pop("config", None)  # added after parsing, from the launch table
     assert parsed == saved
+
+
+def test_parse_reads_the_stall_reasons_where_the_run_has_them():
+    stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+    text = ncu_csv(counters.LAUNCHES * len(LLAMA_7B_SHAPES))
+    header, units, *rows = [line for line in text.splitlines() if line.startswith('"')]
+    reasons = {"wait": "2.5", "math_pipe_throttle": "4.0", "selected": "9.0", "short_scoreboard": "1.0", "barrier": ""}
+    lines = [header + "".join(f',"{stall.format(r)}"' for r in reasons), units + ',""' * len(reasons)]
+    lines += [row + "".join(f',"{v}"' for v in reasons.values()) for row in rows]
+    records = counters.parse("\n".join(lines) + "\n")
+    assert [records[0][f"stall_{i}"] for i in (1, 2, 3)] == ["math_pipe_throttle", "wait", "short_scoreboard"]
+    assert records[0]["stall_1_cycles"] == 4.0  # "selected" (an issuing warp) is not a stall; empty cells are skipped
+    assert "stall_1" not in counters.parse(text)[0]  # a run without the stall section: none recorded
