@@ -339,16 +339,15 @@ def compare(step_model: StepModel, model: str, batch: int, padded_len: float, a:
         raise ValueError(f"error must be in [0, 1), got {error}")
     variants = ([{"elasticities": elasticities, "rest": rest} for rest in REST_SCALINGS] if elasticities
                 else [{"clock_parts": ()}, {"clock_parts": step_model.unpaced_parts()}])
-    here = step_model.predict(model, batch, padded_len, recorded_on or step_model.here)
+    recorded = step_model.predict(model, batch, padded_len, recorded_on or step_model.here)
 
     def step(card: GpuSpec, **options) -> float:
         """The step on ``card``: the model's sum, or the timeline replayed (microseconds: only ratios are used)."""
         predicted = step_model.predict(model, batch, padded_len, card, **options)
-        if timeline is None:
-            return predicted["step_s"]
-        return timeline.replay(lambda part: predicted[part] / here[part] if here.get(part) else 1.0)
+        return predicted["step_s"] if timeline is None else replayed_us(timeline, predicted, recorded)
 
-    scales, overlaps = (SCALES, (False, True)) if timeline is None else (SCALES[:-1], (False,))
+    device_scales = tuple(s for s in SCALES if s != "host")  # replayed, the host is measured: no error of its own
+    scales, overlaps = (SCALES, (False, True)) if timeline is None else (device_scales, (False,))
     ratios = []
     for variant in variants:
         for signs in itertools.product((1 - error, 1 + error), repeat=len(scales)):
@@ -364,6 +363,13 @@ def compare(step_model: StepModel, model: str, batch: int, padded_len: float, a:
             "low": min(ratios), "high": max(ratios), "deciding": deciding, "deciding_s": pb[deciding] - pa[deciding],
             "clock what-if": step(b, **what_if) / step(a, **what_if),
             "host": "added or hidden" if timeline is None else "replayed"}
+
+
+def replayed_us(timeline: Timeline, on_card: dict[str, float], on_recorded: dict[str, float]) -> float:
+    """``timeline``'s step replayed (microseconds) with each kernel's time scaled by its part's predicted seconds on a
+    card (``on_card``, :meth:`StepModel.predict`) over those on the GPU that recorded it (``on_recorded``); the
+    host's issue times kept."""
+    return timeline.replay(lambda part: on_card[part] / on_recorded[part] if on_recorded.get(part) else 1.0)
 
 
 def tie_share(here: GpuSpec, a: GpuSpec, b: GpuSpec, flops: dict[str, float] | None = None) -> float:

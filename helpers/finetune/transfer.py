@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..datasheets import GpuSpec
 from .launch_replay import Timeline
-from .step_model import PARTS, StepModel, trained_runs, validate
+from .step_model import PARTS, StepModel, replayed_us, trained_runs, validate
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,7 @@ def replay_rows(step_model: StepModel, target: GpuSpec, timelines: dict[str, Tim
         here, measured = here_at[point], target_at[point]["step_s"]
         length = here["mean_padded_len"]
         on_here, on_target = (step_model.predict(model, int(batch), length, card) for card in (step_model.here, target))
-        ratio = {p: on_target[p] / on_here[p] for p in PARTS if p != "host" and on_here[p] > 0}
-        replayed = here["step_s"] * timeline.replay(lambda part: ratio.get(part, 1.0)) / timeline.wall_us()
+        replayed = here["step_s"] * replayed_us(timeline, on_target, on_here) / timeline.wall_us()
         out.append({"model": model, "batch": int(batch), "here s": here["step_s"], "measured s": measured,
                     "added s": on_target["step_s"], "added error": on_target["step_s"] / measured - 1,
                     "replayed s": replayed, "replayed error": replayed / measured - 1,
