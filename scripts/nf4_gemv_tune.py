@@ -28,9 +28,9 @@ from helpers.kernels.nf4_gemv import Config, config_for, nf4_matmul  # noqa: E40
 # one pipeline stage only: three stages were never among the fastest on the H200 in earlier sweeps;
 # long K tiles without a split save the partial sums' second kernel
 GRID = {1: {"block_n": (16, 32, 64), "block_k": (256, 1024, 2048), "num_warps": (2, 4, 8), "split_k": (1, 2, 4),
-            "num_stages": (1,), "prefetch": (True,)},
+            "num_stages": (1,), "prefetch": (True,), "max_registers": (None,)},
         16: {"block_n": (32, 64), "block_k": (128, 256), "num_warps": (4, 8), "split_k": (1, 2, 4),
-             "num_stages": (1,), "prefetch": (False,)}}
+             "num_stages": (1,), "prefetch": (False,), "max_registers": (None,)}}
 TOLERANCE = 2e-2  # max error / max |y| against float64: a few bf16 roundings
 # the decoder's grouped launches (nf4_matmul_group) cover these row counts in one grid
 SHAPES = {**LLAMA_7B_SHAPES, "q, k, v in one launch (12288 x 4096)": (12288, 4096),
@@ -41,13 +41,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1], choices=sorted(GRID))
     parser.add_argument("--top", type=int, default=4)
-    fields = ("block_n", "block_k", "num_warps", "split_k")  # the grid's axes the command line may set
+    fields = ("block_n", "block_k", "num_warps", "split_k", "max_registers")  # axes the command line may set
     for field in fields:
         parser.add_argument(f"--{field.replace('_', '-')}", type=int, nargs="+",
-                            help=f"{field} values (default: GRID's)")
+                            help=f"{field} values (default: GRID's; for max_registers 0 is no cap)")
     args = parser.parse_args()
     for rows in args.rows:  # the command line narrows or widens the grid
-        GRID[rows].update({f: tuple(v) for f in fields if (v := getattr(args, f)) is not None})
+        GRID[rows].update({f: tuple(x or None for x in v) for f in fields if (v := getattr(args, f)) is not None})
     require_cuda("tuning the nf4 kernel")
     copy = bench.copy_bandwidth()["gbps"]
     print(f"copy bandwidth {copy:,.0f} GB/s")
@@ -74,7 +74,7 @@ def main() -> None:
                     raise RuntimeError(f"{label}, {rows} rows, {cfg}: max error {error:.3g} of max |y|")
                 ms = bench.time_in_graph([lambda o=o, cfg=cfg: nf4_matmul(x, o, config=cfg) for o in ops]).ms
                 timed.append((ms, str(cfg)))
-                tile = (cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, cfg.prefetch)
+                tile = (cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, cfg.prefetch, cfg.max_registers)
                 best = tile_times[rows].setdefault(tile, {})
                 best[label] = min(ms, best.get(label, ms))  # the tile's fastest split on this shape
             timed.sort()
@@ -92,7 +92,7 @@ def main() -> None:
         print(f"\n{rows} row(s): one tile for every shape (its best split on each), worst slowdown against each "
               "shape's fastest:")
         for tile, worst in sorted(slowdown.items(), key=lambda kv: kv[1])[:args.top]:
-            print(f"  (block_n, block_k, num_warps, num_stages, prefetch) = {tile}: "
+            print(f"  (block_n, block_k, num_warps, num_stages, prefetch, max_registers) = {tile}: "
                   f"{100 * (worst - 1):.0f}% slower at worst")
 
 

@@ -72,6 +72,7 @@ CONFIGS = [  # several chunks per program, split K (even and uneven), wide and n
     K.Config(16, 64, 4, split_k=3, prefetch=True),  # loads one chunk ahead, over uneven slices
     K.Config(32, 64, 2, prefetch=True),
     K.Config(4, 128, 2, prefetch=True),  # narrow tiles: one row of x only (m = 5 must refuse them)
+    K.Config(32, 128, 4, prefetch=True, max_registers=64),  # capped registers: spills on a GPU, same sums
 ]
 
 
@@ -387,6 +388,8 @@ def test_config_for():
         K.Config(48, 64, 4)
     with pytest.raises(ValueError, match="split_k"):
         K.Config(16, 64, 4, split_k=0)
+    with pytest.raises(ValueError, match="max_registers must be None or 24 ... 255"):
+        K.Config(16, 64, 4, max_registers=16)
 
 
 # --------------------------------------------------------------------------------- empty and bad

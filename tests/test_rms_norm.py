@@ -127,6 +127,30 @@ def test_every_dtype_pairing_promotes_like_llama(x_dtype, w_dtype, poisoned):
     assert rel_err(w.grad, dw64, dw_scale) < max(TOL[x_dtype], TOL[w_dtype])
 
 
+@pytest.mark.parametrize("n,cfg", [(100, None), (1000, K.Config(256, 1, 4))])  # one block a row; two passes
+def test_out_dtype_rounds_the_promoted_result_once(n, cfg, poisoned):
+    """An fp32 weight with ``out_dtype=bf16`` (Liger's output): the fp32 result rounded once, and its gradients
+    those of that function with a bf16 dy."""
+    x = randn(6, n, dtype=torch.bfloat16).requires_grad_()
+    w = randn(n).requires_grad_()
+    y = K.rms_norm(x, w, EPS, cfg, out_dtype=torch.bfloat16)
+    assert y.dtype == torch.bfloat16
+    with torch.no_grad():
+        promoted = K.rms_norm(x, w, EPS, cfg)
+    if helpers.INTERPRET:  # its fp32 -> bf16 truncates: within one bf16 step (2**-7 relative) below
+        assert ((y.float() - promoted).abs() <= promoted.abs() * 2 ** -7).all()
+    else:
+        assert torch.equal(y, promoted.to(torch.bfloat16))
+    dy = randn(6, n, dtype=torch.bfloat16)
+    y.backward(dy)
+    assert x.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.float32
+    dx64, dw64, dx_scale, dw_scale = grads64(x, w, dy)
+    assert rel_err(x.grad, dx64, dx_scale) < TOL[torch.bfloat16]
+    assert rel_err(w.grad, dw64, dw_scale) < TOL[torch.bfloat16]
+    with pytest.raises(TypeError, match="out_dtype must be one of"):
+        K.rms_norm(x, w, out_dtype=torch.int8)
+
+
 # ------------------------------------------------------------------------ against transformers
 @pytest.mark.parametrize("x_dtype,w_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
                                              (torch.bfloat16, torch.float32)])  # the last: a QLoRA norm

@@ -77,8 +77,10 @@ class Config:
     """How a launch is cut: ``block_n`` outputs per program, ``block_k`` elements of K per loop step
     (a multiple of the weight's blocksize), ``num_warps``, ``split_k`` slices of K run by separate
     programs (then summed by a second kernel), ``num_stages``: 1 loads each chunk when it is needed;
-    more prefetch the next chunks' words and x through shared memory (asynchronous copies), and
-    ``prefetch``: load each chunk's words and scales into registers one loop step ahead of their use."""
+    more prefetch the next chunks' words and x through shared memory (asynchronous copies),
+    ``prefetch``: load each chunk's words and scales into registers one loop step ahead of their use, and
+    ``max_registers``: a cap on the registers a thread may use (PTX ``.maxnreg``; None: the compiler's choice),
+    which lets more programs share an SM at the price of values spilled to local memory."""
 
     block_n: int
     block_k: int
@@ -86,6 +88,7 @@ class Config:
     split_k: int = 1
     num_stages: int = 1
     prefetch: bool = False
+    max_registers: int | None = None
 
     def __post_init__(self):
         check_powers_of_two(self, "block_n", "block_k", "num_warps")
@@ -94,6 +97,9 @@ class Config:
         if self.split_k < 1 or self.num_stages < 1:
             raise ValueError(f"Config.split_k and Config.num_stages must be >= 1, got {self.split_k}, "
                              f"{self.num_stages}")
+        if self.max_registers is not None and not 24 <= self.max_registers <= 255:
+            raise ValueError(f"Config.max_registers must be None or 24 ... 255 (a thread's registers), "
+                             f"got {self.max_registers}")
 
 
 # rows of the padded M -> (block_n, block_k, num_warps, prefetch, min_programs), chosen with
@@ -259,6 +265,8 @@ def _matmul(x: torch.Tensor, weights: list[NF4Operands], bias: torch.Tensor | No
                  NESTED=nested, HAS_BIAS=bias is not None, PARTIAL=split > 1, WEIGHTS=len(weights), ASM=asm,
                  STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, SWIGLU=gate is not None,
                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.max_registers is not None and not _device.INTERPRET:
+        flags["maxnreg"] = cfg.max_registers
     if block_m == 1:  # one row of x (contiguous), CUDA cores
         _nf4_matmul_row_kernel[grid](*pointers, n, ns[0], ns[1] if len(ns) > 1 else 0, ops.k, per_split, **flags)
     else:  # tensor cores, M padded to block_m rows

@@ -101,22 +101,32 @@ def _randn(*shape: int, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
     return (scale * torch.randn(*shape, device=DEVICE, dtype=torch.float32)).to(dtype).requires_grad_()
 
 
-def rms_norm_case(m: int, n: int, wdtype: str) -> Case:
+def rms_norm_case(m: int, n: int, wdtype: str, out_bf16: bool = False) -> Case:
     """Llama's RMSNorm over ``m`` rows of ``n`` bf16 elements, the weight ``wdtype`` ("bf16", or "fp32" as in a QLoRA
-    model's norms)."""
-    impls = {"course": lambda x, w: rms_norm(x, w, EPS), "eager": eager_rms_norm, "compile": _compiled(eager_rms_norm)}
-    if has_liger():
+    model's norms). With an fp32 weight transformers returns fp32, which Liger-Kernel does not offer (it writes x's
+    dtype, a third fewer bytes): Liger takes part only where the output is bf16, and ``out_bf16`` asks every
+    implementation for that (the course's ``out_dtype``, eager's and compile's result cast)."""
+    def eager(x, w):
+        y = eager_rms_norm(x, w)
+        return y.to(torch.bfloat16) if out_bf16 else y
+
+    out = torch.bfloat16 if out_bf16 else None
+    impls = {"course": lambda x, w: rms_norm(x, w, EPS, out_dtype=out), "eager": eager, "compile": _compiled(eager)}
+    if has_liger() and (wdtype == "bf16" or out_bf16):
         from liger_kernel.transformers.functional import liger_rms_norm
         impls["liger"] = lambda x, w: liger_rms_norm(x, w, EPS)
     weight = _randn(n, dtype=torch.bfloat16 if wdtype == "bf16" else torch.float32)
-    return Case("rms_norm", f"{m} x {n}, weight {wdtype}", "bf16", impls, [_randn(m, n, dtype=torch.bfloat16), weight])
+    shape = f"{m} x {n}, weight {wdtype}" + (", output bf16" if out_bf16 else "")
+    return Case("rms_norm", shape, "bf16", impls, [_randn(m, n, dtype=torch.bfloat16), weight])
 
 
 def rms_norm_cases() -> list[Case]:
-    """Llama's RMSNorm at its widths (4,096, 5,120, 8,192), bf16, weight bf16 or fp32."""
+    """Llama's RMSNorm at its widths (4,096, 5,120, 8,192), bf16, weight bf16 or fp32 (output fp32, as transformers,
+    or bf16, as Liger)."""
     shapes = pick(full=[(4096, 4096, "bf16"), (32768, 4096, "bf16"), (16384, 5120, "bf16"), (8192, 8192, "bf16"),
                         (32768, 4096, "fp32")], smoke=[(6, 40, "bf16"), (6, 40, "fp32")])
-    return [rms_norm_case(m, n, wdtype) for m, n, wdtype in shapes]
+    return [rms_norm_case(m, n, wdtype) for m, n, wdtype in shapes] + [
+        rms_norm_case(m, n, wdtype, out_bf16=True) for m, n, wdtype in shapes if wdtype == "fp32"]
 
 
 def layer_norm_cases() -> list[Case]:
