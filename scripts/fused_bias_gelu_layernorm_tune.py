@@ -12,7 +12,8 @@ alone, after checking each against the table's launch; prints the fastest few ag
 copy bandwidth. Then splits the autograd forward+backward of the table's launch into the kernels'
 time and the host's: how long Python takes to issue one call, against how long the GPU needs for it.
 ``--block`` times launches with that many columns a step instead of the table's (below N: the
-kernels walk each row in chunks).
+kernels walk each row in chunks). ``--graph`` times each launch as the side-by-side run does (calls back to back
+in a CUDA graph: the previous call's writes still draining from L2, as in a model), not after an L2 flush.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ GRID = {"fwd": {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16, 32), "programs_per
         "bwd": {"rows": (1, 2, 4), "num_warps": (4, 8, 16), "programs_per_sm": (1, 2, 4), "loads": ("prefetch", 1)}}
 PER_THREAD = {"fwd": (4, 64), "bwd": (2, 32)}  # elements of a tile per thread worth trying (fewer idle, more spill)
 TIMING = {"warmup_ms": 5, "rep_ms": 25, "min_reps": 10, "flush_l2": "read"}  # as notebook 04 times
+GRAPH_CALLS = 5  # --graph: calls in one graph, as the side-by-side run's device time
 
 
 def main() -> None:
@@ -50,6 +52,9 @@ def main() -> None:
     for axis in ("rows", "num_warps", "programs_per_sm"):
         parser.add_argument(f"--{axis.replace('_', '-')}", type=int, nargs="+", help=f"sweep only these {axis}")
     parser.add_argument("--loads", nargs="+", help="sweep only these loads: prefetch, or a number of stages")
+    parser.add_argument("--graph", action="store_true",
+                        help="time back-to-back calls replayed in a CUDA graph (bench.time_in_graph: the steady state "
+                             "of peers_side_by_side.py's device time) instead of events after an L2 flush")
     args = parser.parse_args()
     for grid in GRID.values():
         for axis in grid:
@@ -90,7 +95,8 @@ def main() -> None:
                     continue
                 if not torch.allclose(got.float(), ref.float(), rtol=1e-2, atol=1e-2):
                     raise AssertionError(f"{pas} {dname} N={n} {cfg}: result differs from the table's launch")
-                ms = bench.time_fn(run, **TIMING).ms
+                ms = (bench.time_in_graph([run] * GRAPH_CALLS).ms if args.graph
+                      else bench.time_fn(run, **TIMING).ms)
                 timed.append((ms, cfg))
                 rows_out.append({"pass": pas, "dtype": dname, "N": n, "rows": rows, "num_warps": warps,
                                  "programs_per_sm": pps, "prefetch": cfg.prefetches(m, x.device), "stages": stages,
