@@ -331,7 +331,7 @@ def test_launch_tables_fall_back_to_the_rowwise_rule():
             assert K.forward_config(n, dtype) == rowwise.forward_rule(block)
             assert K.backward_config(n, dtype) == rowwise.backward_rule(block)
     assert K.forward_config(20000, torch.float32) == rowwise.forward_rule(rowwise.MAX_BLOCK_FWD)
-    assert K.forward_config(1000, torch.bfloat16) == K.Config(1024, 4, 2, 4, False, 4)
+    assert K.forward_config(1000, torch.bfloat16) == K.Config(1024, 1, 2, 256, False, 3)
     assert K.backward_config(20000, torch.float32) == K.Config(rowwise.MAX_BLOCK_BWD, 1, 16, 1, False)
 
 

@@ -195,8 +195,8 @@ def _rms_norm_bwd_kernel(X, W, DY, RSTD, DX, PART, M, N, stride_x,
 # any Llama batch): on an H100 this beat a few rows a program looping over row blocks at M = 4,096 (by 6%) and
 # matched it at 32,768. The backward keeps one program an SM, each adding its rows' d(weight) in registers: fewer
 # partial rows to sum. The 16-bit entries at 4096 and 8192 are RMSNorm's own (scripts/rms_norm_tune.py); the others
-# are the fused bias + GELU + LayerNorm kernel's (fused_bias_gelu_layernorm._FORWARD_TABLE, _BACKWARD_TABLE),
-# without its pipelining: not measured for RMSNorm.
+# are the fused bias + GELU + LayerNorm kernel's H200 entries (fused_bias_gelu_layernorm._FORWARD_TABLE,
+# _BACKWARD_TABLE), without its pipelining: not measured for RMSNorm.
 _FORWARD_TABLE = {(16, 4096): (1, 8, 256, False, 1), (16, 8192): (1, 4, 256, False, 3),
                   (16, 1024): (4, 2, 4, False), (16, 2048): (2, 2, 4, False), (32, 1024): (1, 2, 4, False),
                   (32, 2048): (2, 4, 2, False), (32, 4096): (1, 16, 4, False), (32, 8192): (1, 16, 1, False)}
