@@ -1,7 +1,8 @@
 """Measure RMSNorm's launch shapes on this GPU beside Liger-Kernel and torch.compile, in one run.
 
     python scripts/rms_norm_tune.py [--ns 4096 5120 8192] [--weights bf16 fp32] [--passes fwd bwd] [--top 3] [--m M]
-                                    [--stages 1 3]
+                                    [--stages 1 3] [--rows 1 2] [--num-warps 8 16] [--programs-per-sm 4 256] [--graph]
+                                    [--peers liger]
 
 RMSNorm's launch tables (``rms_norm.forward_config``, ``backward_config``) come from this script; widths it has not
 measured take the fused bias + GELU + LayerNorm kernel's, made for far more arithmetic an element. For Llama's
@@ -13,13 +14,15 @@ first, on the device (CUDA events, L2 flushed by a read, median). Liger-Kernel's
 table's launches, built on the same inputs as the side-by-side run builds them
 (``helpers.studies.peer_kernels``), are timed the same way in the same run, forward and forward+backward
 through autograd. Prints the fastest few against the copy bandwidth and the peers, and writes
-``results/<gpu>/rms_norm_tune.json``.
+``results/<gpu>/rms_norm_tune.json``. ``--graph`` times every launch and peer as the side-by-side run's device time
+does (calls back to back in a CUDA graph, the L2 not flushed) instead of events after an L2 flush.
 """
 from __future__ import annotations
 
 import argparse
 import functools
 import itertools
+from typing import Callable
 
 import torch
 
@@ -38,10 +41,21 @@ WEIGHTS = ("bf16", "fp32")
 PEERS = ("course", "compile", "liger")  # through autograd, as a user calls them (the course's with its tables)
 
 
+def _timer(graph: bool) -> Callable[[Callable[[], object]], float]:
+    """Milliseconds a call takes: back to back in a CUDA graph as the side-by-side run's device time, or by events
+    after an L2 flush."""
+    if graph:
+        return lambda fn: bench.time_in_graph([fn] * peer_kernels.GRAPH_CALLS, reps=peer_kernels.GRAPH_REPS).ms
+    return lambda fn: bench.time_fn(fn, **TIMING).ms
+
+
 def tune_shape(n: int, wname: str, passes: list[str], top: int, copy: float, m: int | None = None,
-               stages_by_pass: dict[str, tuple[int, ...]] = STAGES) -> list[dict]:
+               stages_by_pass: dict[str, tuple[int, ...]] = STAGES, grid: dict[str, tuple[int, ...]] = GRID,
+               graph: bool = False, peers: tuple[str, ...] = PEERS) -> list[dict]:
     """The course's launches and its peers for one row width and weight dtype (``m`` rows, else ``ROWS[n]``; the
-    pipeline depths ``stages_by_pass``): every timing a record."""
+    pipeline depths ``stages_by_pass``, the launch grid ``grid``; timed in a CUDA graph with ``graph``; the
+    implementations ``peers`` through autograd): every timing a record."""
+    time_ms = _timer(graph)
     records = []
     m = m or ROWS[n]
     case = peer_kernels.rms_norm_case(m, n, wname)  # the side-by-side run's inputs and implementations
@@ -57,15 +71,15 @@ def tune_shape(n: int, wname: str, passes: list[str], top: int, copy: float, m: 
     for pas in passes:
         reference = course[pas](table[pas])
         timed = []
-        for rows, warps, pps, stages in itertools.product(*GRID.values(), stages_by_pass[pas]):
+        for rows, warps, pps, stages in itertools.product(*grid.values(), stages_by_pass[pas]):
             cfg = R.Config(table[pas].block_n, rows, warps, pps, prefetch=False, stages=stages)
             if not torch.allclose(course[pas](cfg).float(), reference.float(), rtol=1e-2, atol=1e-2):
                 raise AssertionError(f"{pas} N={n} weight {wname} {cfg}: result differs from the table's launch")
-            ms = bench.time_fn(functools.partial(course[pas], cfg), **TIMING).ms
+            ms = time_ms(functools.partial(course[pas], cfg))
             timed.append((ms, cfg))
             records.append({"pass": pas, "N": n, "M": m, "weight": wname, "impl": "course", "rows": rows,
                             "num_warps": warps, "programs_per_sm": pps, "stages": stages, "table": cfg == table[pas],
-                            "ms": ms,
+                            "ms": ms, "timing": "graph" if graph else "events",
                             "pct_copy": 100 * moved[pas] / ms / 1e6 / copy})
         timed.sort(key=lambda t: t[0])
         best[pas] = timed[0][0]
@@ -77,11 +91,12 @@ def tune_shape(n: int, wname: str, passes: list[str], top: int, copy: float, m: 
     torch._dynamo.reset()  # torch.compile afresh for this shape: past its recompile limit it would run eager
     for pas in ("fwd", "fwd+bwd"):
         line = []
-        for impl in (i for i in PEERS if i in case.impls):
+        for impl in (i for i in peers if i in case.impls):
             with torch._dynamo.config.patch(**peer_kernels.NO_SILENT_EAGER):
-                ms = bench.time_fn(peer_kernels.runner(case, impl, pas), **TIMING).ms
+                ms = time_ms(peer_kernels.runner(case, impl, pas))
             label = "course (table)" if impl == "course" else impl  # apart from the launches timed above
-            records.append({"pass": pas, "N": n, "M": m, "weight": wname, "impl": label, "ms": ms})
+            records.append({"pass": pas, "N": n, "M": m, "weight": wname, "impl": label, "ms": ms,
+                            "timing": "graph" if graph else "events"})
             line.append(f"{label} {ms * 1e3:.1f} us")
         ours = best.get("fwd") if pas == "fwd" else sum(best.values()) if len(best) == 2 else None
         mine = "" if ours is None else f"; the course's best launch(es) {ours * 1e3:.1f} us"
@@ -97,6 +112,13 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=3)
     parser.add_argument("--m", type=int, help="rows (default: the side-by-side run's M for each width)")
     parser.add_argument("--stages", type=int, nargs="+", help="the forward's pipeline depths (default: 1 and 3)")
+    for axis in GRID:
+        parser.add_argument(f"--{axis.replace('_', '-')}", type=int, nargs="+", help=f"sweep only these {axis}")
+    parser.add_argument("--graph", action="store_true",
+                        help="time calls back to back in a CUDA graph (the side-by-side run's device time) instead of "
+                             "events after an L2 flush")
+    parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS),
+                        help="implementations timed through autograd beside the launches")
     args = parser.parse_args()
     require_cuda("tuning RMSNorm's launches")
     copy = bench.copy_bandwidth()["gbps"]
@@ -104,7 +126,9 @@ def main() -> None:
     records = []
     for n, wname in itertools.product(args.ns, args.weights):
         records += tune_shape(n, wname, args.passes, args.top, copy, args.m,
-                              {**STAGES, "fwd": tuple(args.stages or STAGES["fwd"])})
+                              {**STAGES, "fwd": tuple(args.stages or STAGES["fwd"])},
+                              {axis: tuple(getattr(args, axis) or values) for axis, values in GRID.items()}, args.graph,
+                              tuple(args.peers))
     print(f"-> {results.save('rms_norm_tune', records)}")
 
 

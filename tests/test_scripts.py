@@ -21,7 +21,8 @@ OPTIONS = {
     "nf4_linear_cost": ["--calls"],
     "qlora_step_pacing": ["--model", "--batch", "--steps", "--max-len", "--variants", "--rounds", "--host-top"],
     "peers_side_by_side": ["--kernels"],
-    "rms_norm_tune": ["--ns", "--weights", "--passes", "--top", "--stages"],
+    "rms_norm_tune": ["--ns", "--weights", "--passes", "--top", "--stages", "--rows", "--num-warps",
+                      "--programs-per-sm", "--graph", "--peers"],
     "step_parts": ["--train", "--timed", "--decode-model", "--contexts", "--rounds"],
     "step_timeline": ["--train"],
 }
