@@ -10,7 +10,9 @@ forward+backward, two ways:
   (autograd, argument checks, launches) is in the time when it is longer than the GPU's: what a user sees;
 * ``device``: the same call captured ``GRAPH_CALLS`` times in a row into one CUDA graph and replayed
   (``bench.time_in_graph``): the GPU's time alone, the replay's own launch (a few microseconds) shared by those
-  calls;
+  calls. The implementations take turns, ``DEVICE_ROUNDS`` rounds of one graph each; the time is the median
+  round's, the spread spans every round's. A slow stretch of the GPU, or an unlucky placement of one graph's
+  memory, then weighs on each implementation alike instead of on whichever ran at that moment;
 * ``host``: the host's time to issue the call, the GPU running behind (``bench.host_time``): where ``python`` is
   above ``device``, this is what paces the call.
 
@@ -41,6 +43,7 @@ TIMINGS = ("python", "device", "host")
 TIMING = pick(full={}, smoke={"warmup_ms": 0, "rep_ms": 1, "min_reps": 1})
 GRAPH_REPS = pick(full=20, smoke=1)
 GRAPH_CALLS = pick(full=5, smoke=1)  # calls in one graph: its launch weighs a fifth as much on each
+DEVICE_ROUNDS = pick(full=3, smoke=2)  # device timing: rounds, every implementation timed once in each, in turn
 HOST_TIMING = pick(full={"calls": 50, "rounds": 5}, smoke={"calls": 1, "rounds": 1})
 # torch.compile past its recompile limit falls back to eager without a word: here that is an error, recorded
 NO_SILENT_EAGER = ({"fail_on_recompile_limit_hit": True}
@@ -239,30 +242,38 @@ def _time(run: Callable[[], object], timing: str):
 
 
 def measure(case: Case) -> list[dict]:
-    """Every implementation of ``case``, each pass it has, timed each way (``TIMINGS``): one record per timing. An
-    implementation that fails (no kernel for the shape, a graph it cannot be captured in) is a record too, with
-    ``status`` naming the error and no time."""
+    """Every implementation of ``case``, each pass it has, timed each way (``TIMINGS``; the device timing in
+    ``DEVICE_ROUNDS`` rounds, the implementations in turn): one record per timing. An implementation that fails (no
+    kernel for the shape, a graph it cannot be captured in) is a record too, with ``status`` naming the error and no
+    time."""
     torch._dynamo.reset()  # each case compiles afresh: one function over many shapes would reach the recompile limit
-    records = []
-    passes = ("fwd", "fwd+bwd") if case.backward else ("fwd",)
+    diffs = {}
     for impl in case.impls:
         try:
-            diff = _max_abs_diff(case, impl)
+            diffs[impl] = _max_abs_diff(case, impl)
         except FAILURES:  # the timing below fails the same way and records why
-            diff = None
-        for pass_ in passes:
-            run = runner(case, impl, pass_)
-            for timing in TIMINGS:
+            diffs[impl] = None
+    records = []
+    for pass_ in ("fwd", "fwd+bwd") if case.backward else ("fwd",):
+        runs = {impl: runner(case, impl, pass_) for impl in case.impls}
+        for timing in TIMINGS:
+            times, failed = {impl: [] for impl in runs}, {}
+            for _ in range(DEVICE_ROUNDS if timing == "device" else 1):
+                for impl in (i for i in runs if i not in failed):
+                    try:
+                        with torch._dynamo.config.patch(**NO_SILENT_EAGER):
+                            times[impl].append(_time(runs[impl], timing))
+                    except FAILURES as error:
+                        failed[impl] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            for impl in runs:
                 record = {"kernel": case.kernel, "impl": impl, "shape": case.shape, "dtype": case.dtype,
-                          "causal": case.causal, "pass": pass_, "timing": timing, "status": "ok", "ms": None,
-                          "ms_p20": None, "ms_p80": None, "max_abs_diff": diff}
-                try:
-                    with torch._dynamo.config.patch(**NO_SILENT_EAGER):
-                        t = _time(run, timing)
-                except FAILURES as error:
-                    record["status"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
-                else:
-                    record.update(ms=t.ms / case.calls, ms_p20=t.ms_p20 / case.calls, ms_p80=t.ms_p80 / case.calls)
+                          "causal": case.causal, "pass": pass_, "timing": timing, "status": failed.get(impl, "ok"),
+                          "ms": None, "ms_p20": None, "ms_p80": None, "max_abs_diff": diffs[impl]}
+                if impl not in failed:
+                    ts = sorted(times[impl], key=lambda t: t.ms)
+                    record.update(ms=ts[(len(ts) - 1) // 2].ms / case.calls,  # the median round (the lower of two)
+                                  ms_p20=min(t.ms_p20 for t in ts) / case.calls,
+                                  ms_p80=max(t.ms_p80 for t in ts) / case.calls)
                 records.append(record)
     return records
 
