@@ -3,6 +3,7 @@ both ways."""
 import pytest
 import torch
 
+from helpers import bench
 from helpers.studies import peer_kernels
 
 
@@ -77,3 +78,24 @@ def test_a_compile_that_falls_back_to_eager_is_recorded_not_timed(monkeypatch):
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     rows = [r for r in peer_kernels.measure(case) if r["impl"] == "compile"]
     assert rows and all("RecompileLimit" in r["status"] and r["ms"] is None for r in rows)
+
+
+def test_device_rounds_take_the_implementations_in_turn_and_keep_the_median_round(monkeypatch):
+    order = []
+    ms = {"course": iter([3.0, 1.0, 2.0]), "eager": iter([5.0, 4.0, 6.0])}
+
+    def fake_time(run, timing):
+        impl = run.impl
+        order.append((impl, timing))
+        t = next(ms[impl]) if timing == "device" else 1.0
+        return bench.Timing(t, t - 0.5, t + 0.5, 1, timing)
+
+    monkeypatch.setattr(peer_kernels, "DEVICE_ROUNDS", 3)
+    monkeypatch.setattr(peer_kernels, "_time", fake_time)
+    monkeypatch.setattr(peer_kernels, "runner", lambda case, impl, pass_: type("Run", (), {"impl": impl})())
+    case = peer_kernels.Case("swiglu", "s", "fp32", {"course": lambda x: x, "eager": lambda x: x},
+                             [torch.randn(4)], backward=False)
+    rows = {r["impl"]: r for r in peer_kernels.measure(case) if r["timing"] == "device"}
+    assert [i for i, timing in order if timing == "device"] == ["course", "eager"] * 3
+    assert rows["course"]["ms"] == 2.0 and rows["eager"]["ms"] == 5.0  # the median round
+    assert (rows["course"]["ms_p20"], rows["course"]["ms_p80"]) == (0.5, 3.5)  # spread over every round

@@ -43,7 +43,7 @@ TIMINGS = ("python", "device", "host")
 TIMING = pick(full={}, smoke={"warmup_ms": 0, "rep_ms": 1, "min_reps": 1})
 GRAPH_REPS = pick(full=20, smoke=1)
 GRAPH_CALLS = pick(full=5, smoke=1)  # calls in one graph: its launch weighs a fifth as much on each
-DEVICE_ROUNDS = pick(full=3, smoke=2)  # device timing: rounds, every implementation timed once in each, in turn
+DEVICE_ROUNDS = pick(full=3, smoke=1)  # device timing: rounds, every implementation timed once in each, in turn
 HOST_TIMING = pick(full={"calls": 50, "rounds": 5}, smoke={"calls": 1, "rounds": 1})
 # torch.compile past its recompile limit falls back to eager without a word: here that is an error, recorded
 NO_SILENT_EAGER = ({"fail_on_recompile_limit_hit": True}
