@@ -25,7 +25,7 @@ import torch
 import triton
 
 from helpers import bench, require_cuda  # first: on a machine without a GPU it sets the Triton interpreter up
-from helpers.studies import eager_chain
+from helpers.studies import eager_chain, peer_kernels
 from helpers.kernels import fused_bias_gelu_layernorm as K  # noqa: E402
 
 ELEMS = 1 << 26
@@ -36,7 +36,6 @@ GRID = {"fwd": {"rows": (1, 2, 4), "num_warps": (2, 4, 8, 16, 32), "programs_per
         "bwd": {"rows": (1, 2, 4), "num_warps": (4, 8, 16), "programs_per_sm": (1, 2, 4), "loads": ("prefetch", 1)}}
 PER_THREAD = {"fwd": (4, 64), "bwd": (2, 32)}  # elements of a tile per thread worth trying (fewer idle, more spill)
 TIMING = {"warmup_ms": 5, "rep_ms": 25, "min_reps": 10, "flush_l2": "read"}  # as notebook 04 times
-GRAPH_CALLS = 5  # --graph: calls in one graph, as the side-by-side run's device time
 
 
 def main() -> None:
@@ -53,8 +52,8 @@ def main() -> None:
         parser.add_argument(f"--{axis.replace('_', '-')}", type=int, nargs="+", help=f"sweep only these {axis}")
     parser.add_argument("--loads", nargs="+", help="sweep only these loads: prefetch, or a number of stages")
     parser.add_argument("--graph", action="store_true",
-                        help="time back-to-back calls replayed in a CUDA graph (bench.time_in_graph: the steady state "
-                             "of peers_side_by_side.py's device time) instead of events after an L2 flush")
+                        help="time back-to-back calls replayed in a CUDA graph (peer_kernels.device_time: the steady "
+                             "state of peers_side_by_side.py's device time) instead of events after an L2 flush")
     args = parser.parse_args()
     for grid in GRID.values():
         for axis in grid:
@@ -95,7 +94,7 @@ def main() -> None:
                     continue
                 if not torch.allclose(got.float(), ref.float(), rtol=1e-2, atol=1e-2):
                     raise AssertionError(f"{pas} {dname} N={n} {cfg}: result differs from the table's launch")
-                ms = (bench.time_in_graph([run] * GRAPH_CALLS).ms if args.graph
+                ms = (peer_kernels.device_time(run).ms if args.graph
                       else bench.time_fn(run, **TIMING).ms)
                 timed.append((ms, cfg))
                 rows_out.append({"pass": pas, "dtype": dname, "N": n, "rows": rows, "num_warps": warps,

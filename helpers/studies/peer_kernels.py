@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from . import attention_designs, eager_chain, decoding_ladder
-from ..bench import host_time, time_fn, time_in_graph
+from ..bench import Timing, host_time, time_fn, time_in_graph
 from ..device import DEVICE, HAS_CUDA, pick
 from ..kernels.fused_bias_gelu_layernorm import fused_bias_gelu_layernorm
 from ..kernels.rms_norm import rms_norm
@@ -233,12 +233,18 @@ def _max_abs_diff(case: Case, impl: str) -> float:
     return max((a.float() - b.float()).abs().max().item() for a, b in zip(ref, out))
 
 
-def _time(run: Callable[[], object], timing: str):
+def device_time(run: Callable[[], object]) -> Timing:
+    """``run``'s device time in steady state: ``GRAPH_CALLS`` calls back to back in one CUDA graph, replayed
+    ``GRAPH_REPS`` times (ms per call)."""
+    return time_in_graph([run] * GRAPH_CALLS, reps=GRAPH_REPS)
+
+
+def _time(run: Callable[[], object], timing: str) -> Timing:
     if timing == "host":
         return host_time(run, **HOST_TIMING)
     if timing == "python":
         return time_fn(run, flush_l2=False, **TIMING)
-    return time_in_graph([run] * GRAPH_CALLS, reps=GRAPH_REPS)
+    return device_time(run)
 
 
 def measure(case: Case) -> list[dict]:
