@@ -174,6 +174,16 @@ def time_in_graph(calls: Sequence[Callable[[], object]], reps: int = 20) -> Timi
     return _summary(times, "cuda-graph")
 
 
+
+STEADY_CALLS = pick(full=5, smoke=1)  # calls in one graph: the graph's own launch weighs a fifth as much on each
+STEADY_REPS = pick(full=20, smoke=1)
+
+
+def steady_state_time(fn: Callable[[], object]) -> Timing:
+    """``fn``'s device time in steady state, as inside a model: ``STEADY_CALLS`` calls back to back in one CUDA
+    graph, replayed ``STEADY_REPS`` times (:func:`time_in_graph`; ms per call)."""
+    return time_in_graph([fn] * STEADY_CALLS, reps=STEADY_REPS)
+
 BUSY_CYCLES = 200_000_000  # host_time(busy_gpu=True)'s spin: about 0.1 s at an H100's or H200's clock
 
 

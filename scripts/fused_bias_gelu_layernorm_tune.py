@@ -25,7 +25,7 @@ import torch
 import triton
 
 from helpers import bench, require_cuda  # first: on a machine without a GPU it sets the Triton interpreter up
-from helpers.studies import eager_chain, peer_kernels
+from helpers.studies import eager_chain
 from helpers.kernels import fused_bias_gelu_layernorm as K  # noqa: E402
 
 ELEMS = 1 << 26
@@ -52,7 +52,7 @@ def main() -> None:
         parser.add_argument(f"--{axis.replace('_', '-')}", type=int, nargs="+", help=f"sweep only these {axis}")
     parser.add_argument("--loads", nargs="+", help="sweep only these loads: prefetch, or a number of stages")
     parser.add_argument("--graph", action="store_true",
-                        help="time back-to-back calls replayed in a CUDA graph (peer_kernels.device_time: the steady "
+                        help="time back-to-back calls replayed in a CUDA graph (bench.steady_state_time: the steady "
                              "state of peers_side_by_side.py's device time) instead of events after an L2 flush")
     args = parser.parse_args()
     for grid in GRID.values():
@@ -94,7 +94,7 @@ def main() -> None:
                     continue
                 if not torch.allclose(got.float(), ref.float(), rtol=1e-2, atol=1e-2):
                     raise AssertionError(f"{pas} {dname} N={n} {cfg}: result differs from the table's launch")
-                ms = (peer_kernels.device_time(run).ms if args.graph
+                ms = (bench.steady_state_time(run).ms if args.graph
                       else bench.time_fn(run, **TIMING).ms)
                 timed.append((ms, cfg))
                 rows_out.append({"pass": pas, "dtype": dname, "N": n, "rows": rows, "num_warps": warps,

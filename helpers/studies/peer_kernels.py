@@ -8,8 +8,8 @@ forward+backward, two ways:
 
 * ``python``: CUDA events around back-to-back calls from Python, no cache flush in between, so the host's work
   (autograd, argument checks, launches) is in the time when it is longer than the GPU's: what a user sees;
-* ``device``: the same call captured ``GRAPH_CALLS`` times in a row into one CUDA graph and replayed
-  (``bench.time_in_graph``): the GPU's time alone, the replay's own launch (a few microseconds) shared by those
+* ``device``: the same call captured ``bench.STEADY_CALLS`` times in a row into one CUDA graph and replayed
+  (``bench.steady_state_time``): the GPU's time alone, the replay's own launch (a few microseconds) shared by those
   calls. The implementations take turns, ``DEVICE_ROUNDS`` rounds of one graph each; the time is the median
   round's, the spread spans every round's. A slow stretch of the GPU, or an unlucky placement of one graph's
   memory, then weighs on each implementation alike instead of on whichever ran at that moment;
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from . import attention_designs, eager_chain, decoding_ladder
-from ..bench import Timing, host_time, time_fn, time_in_graph
+from ..bench import Timing, host_time, steady_state_time, time_fn
 from ..device import DEVICE, HAS_CUDA, pick
 from ..kernels.fused_bias_gelu_layernorm import fused_bias_gelu_layernorm
 from ..kernels.rms_norm import rms_norm
@@ -41,8 +41,6 @@ from ..kernels.swiglu import swiglu
 KERNELS = ("rms_norm", "layer_norm", "swiglu", "rotary", "attention", "nf4_gemv")
 TIMINGS = ("python", "device", "host")
 TIMING = pick(full={}, smoke={"warmup_ms": 0, "rep_ms": 1, "min_reps": 1})
-GRAPH_REPS = pick(full=20, smoke=1)
-GRAPH_CALLS = pick(full=5, smoke=1)  # calls in one graph: its launch weighs a fifth as much on each
 DEVICE_ROUNDS = pick(full=3, smoke=1)  # device timing: rounds, every implementation timed once in each, in turn
 HOST_TIMING = pick(full={"calls": 50, "rounds": 5}, smoke={"calls": 1, "rounds": 1})
 # torch.compile past its recompile limit falls back to eager without a word: here that is an error, recorded
@@ -233,18 +231,12 @@ def _max_abs_diff(case: Case, impl: str) -> float:
     return max((a.float() - b.float()).abs().max().item() for a, b in zip(ref, out))
 
 
-def device_time(run: Callable[[], object]) -> Timing:
-    """``run``'s device time in steady state: ``GRAPH_CALLS`` calls back to back in one CUDA graph, replayed
-    ``GRAPH_REPS`` times (ms per call)."""
-    return time_in_graph([run] * GRAPH_CALLS, reps=GRAPH_REPS)
-
-
 def _time(run: Callable[[], object], timing: str) -> Timing:
     if timing == "host":
         return host_time(run, **HOST_TIMING)
     if timing == "python":
         return time_fn(run, flush_l2=False, **TIMING)
-    return device_time(run)
+    return steady_state_time(run)
 
 
 def measure(case: Case) -> list[dict]:
