@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Mapping, Sequence, TypeVar
 
 import torch
 
@@ -177,12 +177,35 @@ def time_in_graph(calls: Sequence[Callable[[], object]], reps: int = 20) -> Timi
 
 STEADY_CALLS = pick(full=5, smoke=1)  # calls in one graph: the graph's own launch weighs a fifth as much on each
 STEADY_REPS = pick(full=20, smoke=1)
+STEADY_ROUNDS = pick(full=3, smoke=1)  # steady_state_rounds: rounds, every callable timed once in each, in turn
 
 
 def steady_state_time(fn: Callable[[], object]) -> Timing:
     """``fn``'s device time in steady state, as inside a model: ``STEADY_CALLS`` calls back to back in one CUDA
     graph, replayed ``STEADY_REPS`` times (:func:`time_in_graph`; ms per call)."""
     return time_in_graph([fn] * STEADY_CALLS, reps=STEADY_REPS)
+
+
+def median_round(rounds: Sequence[Timing]) -> Timing:
+    """One timing from several rounds of the same call: the median round's (the lower of the two middle ones),
+    its spread spanning every round's."""
+    if not rounds:
+        raise ValueError("median_round needs at least one round")
+    ordered = sorted(rounds, key=lambda t: t.ms)
+    mid = ordered[(len(ordered) - 1) // 2]
+    return Timing(mid.ms, min(t.ms_p20 for t in ordered), max(t.ms_p80 for t in ordered),
+                  sum(t.reps for t in ordered), mid.timer)
+
+
+def steady_state_rounds(fns: Mapping[str, Callable[[], object]]) -> dict[str, Timing]:
+    """:func:`steady_state_time` of each of ``fns``, in ``STEADY_ROUNDS`` rounds that take them in turn; each
+    one's :func:`median_round`. A slow stretch of the GPU then weighs on every callable alike, not on whichever
+    ran at that moment."""
+    rounds: dict[str, list[Timing]] = {name: [] for name in fns}
+    for _ in range(STEADY_ROUNDS):
+        for name, fn in fns.items():
+            rounds[name].append(steady_state_time(fn))
+    return {name: median_round(ts) for name, ts in rounds.items()}
 
 BUSY_CYCLES = 200_000_000  # host_time(busy_gpu=True)'s spin: about 0.1 s at an H100's or H200's clock
 

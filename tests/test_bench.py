@@ -110,6 +110,30 @@ def test_time_in_graph_times_device_work_per_call():
     assert t.timer == "cuda-graph" and 200 < gbps < 10_000  # a copy's bandwidth, per call
 
 
+def test_median_round_keeps_the_middle_round_and_every_rounds_spread():
+    rounds = [bench.Timing(ms, ms - 0.5, ms + 0.5, 2, "cuda-graph") for ms in (3.0, 1.0, 2.0, 4.0)]
+    t = bench.median_round(rounds)
+    assert (t.ms, t.ms_p20, t.ms_p80, t.reps) == (2.0, 0.5, 4.5, 8)  # the lower of the two middle rounds
+    with pytest.raises(ValueError, match="at least one round"):
+        bench.median_round([])
+
+
+def test_steady_state_rounds_take_the_callables_in_turn(monkeypatch):
+    order, ms = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 6.0, 4.0])}
+
+    def fake(fn):
+        name = fn()
+        order.append(name)
+        t = next(ms[name])
+        return bench.Timing(t, t, t, 1, "cuda-graph")
+
+    monkeypatch.setattr(bench, "STEADY_ROUNDS", 3)
+    monkeypatch.setattr(bench, "steady_state_time", fake)
+    got = bench.steady_state_rounds({"a": lambda: "a", "b": lambda: "b"})
+    assert order == ["a", "b"] * 3
+    assert (got["a"].ms, got["b"].ms) == (2.0, 5.0)
+
+
 def test_launch_overhead_counts_microseconds_per_kernel():
     got = bench.launch_overhead(kernels=50, rounds=2)
     assert got["kernels"] == 50 and got["python_us_min"] <= got["python_us"] <= got["python_us_max"]

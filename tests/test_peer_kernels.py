@@ -90,7 +90,7 @@ def test_device_rounds_take_the_implementations_in_turn_and_keep_the_median_roun
         t = next(ms[impl]) if timing == "device" else 1.0
         return bench.Timing(t, t - 0.5, t + 0.5, 1, timing)
 
-    monkeypatch.setattr(peer_kernels, "DEVICE_ROUNDS", 3)
+    monkeypatch.setattr(bench, "STEADY_ROUNDS", 3)
     monkeypatch.setattr(peer_kernels, "_time", fake_time)
     monkeypatch.setattr(peer_kernels, "runner", lambda case, impl, pass_: type("Run", (), {"impl": impl})())
     case = peer_kernels.Case("swiglu", "s", "fp32", {"course": lambda x: x, "eager": lambda x: x},

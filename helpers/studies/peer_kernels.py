@@ -9,10 +9,11 @@ forward+backward, two ways:
 * ``python``: CUDA events around back-to-back calls from Python, no cache flush in between, so the host's work
   (autograd, argument checks, launches) is in the time when it is longer than the GPU's: what a user sees;
 * ``device``: the same call captured ``bench.STEADY_CALLS`` times in a row into one CUDA graph and replayed
-  (``bench.steady_state_time``): the GPU's time alone, the replay's own launch (a few microseconds) shared by those
-  calls. The implementations take turns, ``DEVICE_ROUNDS`` rounds of one graph each; the time is the median
-  round's, the spread spans every round's. A slow stretch of the GPU, or an unlucky placement of one graph's
-  memory, then weighs on each implementation alike instead of on whichever ran at that moment;
+  (``bench.steady_state_time``): the GPU's time alone, the replay's own launch (a few microseconds) shared by
+  those calls. The implementations take turns, ``bench.STEADY_ROUNDS`` rounds of one graph each; the time is the
+  median round's, the spread spans every round's (``bench.median_round``). A slow stretch of the GPU, or an
+  unlucky placement of one graph's memory, then weighs on each implementation alike instead of on whichever ran
+  at that moment;
 * ``host``: the host's time to issue the call, the GPU running behind (``bench.host_time``): where ``python`` is
   above ``device``, this is what paces the call.
 
@@ -31,7 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from . import attention_designs, eager_chain, decoding_ladder
-from ..bench import Timing, host_time, steady_state_time, time_fn
+from .. import bench
+from ..bench import Timing, host_time, median_round, steady_state_time, time_fn
 from ..device import DEVICE, HAS_CUDA, pick
 from ..kernels.fused_bias_gelu_layernorm import fused_bias_gelu_layernorm
 from ..kernels.rms_norm import rms_norm
@@ -41,7 +43,6 @@ from ..kernels.swiglu import swiglu
 KERNELS = ("rms_norm", "layer_norm", "swiglu", "rotary", "attention", "nf4_gemv")
 TIMINGS = ("python", "device", "host")
 TIMING = pick(full={}, smoke={"warmup_ms": 0, "rep_ms": 1, "min_reps": 1})
-DEVICE_ROUNDS = pick(full=3, smoke=1)  # device timing: rounds, every implementation timed once in each, in turn
 HOST_TIMING = pick(full={"calls": 50, "rounds": 5}, smoke={"calls": 1, "rounds": 1})
 # torch.compile past its recompile limit falls back to eager without a word: here that is an error, recorded
 NO_SILENT_EAGER = ({"fail_on_recompile_limit_hit": True}
@@ -241,9 +242,9 @@ def _time(run: Callable[[], object], timing: str) -> Timing:
 
 def measure(case: Case) -> list[dict]:
     """Every implementation of ``case``, each pass it has, timed each way (``TIMINGS``; the device timing in
-    ``DEVICE_ROUNDS`` rounds, the implementations in turn): one record per timing. An implementation that fails (no
-    kernel for the shape, a graph it cannot be captured in) is a record too, with ``status`` naming the error and no
-    time."""
+    ``bench.STEADY_ROUNDS`` rounds, the implementations in turn): one record per timing. An implementation that
+    fails (no kernel for the shape, a graph it cannot be captured in) is a record too, with ``status`` naming the
+    error and no time."""
     torch._dynamo.reset()  # each case compiles afresh: one function over many shapes would reach the recompile limit
     diffs = {}
     for impl in case.impls:
@@ -256,7 +257,7 @@ def measure(case: Case) -> list[dict]:
         runs = {impl: runner(case, impl, pass_) for impl in case.impls}
         for timing in TIMINGS:
             times, failed = {impl: [] for impl in runs}, {}
-            for _ in range(DEVICE_ROUNDS if timing == "device" else 1):
+            for _ in range(bench.STEADY_ROUNDS if timing == "device" else 1):
                 for impl in (i for i in runs if i not in failed):
                     try:
                         with torch._dynamo.config.patch(**NO_SILENT_EAGER):
@@ -268,10 +269,8 @@ def measure(case: Case) -> list[dict]:
                           "causal": case.causal, "pass": pass_, "timing": timing, "status": failed.get(impl, "ok"),
                           "ms": None, "ms_p20": None, "ms_p80": None, "max_abs_diff": diffs[impl]}
                 if impl not in failed:
-                    ts = sorted(times[impl], key=lambda t: t.ms)
-                    record.update(ms=ts[(len(ts) - 1) // 2].ms / case.calls,  # the median round (the lower of two)
-                                  ms_p20=min(t.ms_p20 for t in ts) / case.calls,
-                                  ms_p80=max(t.ms_p80 for t in ts) / case.calls)
+                    t = median_round(times[impl])
+                    record.update(ms=t.ms / case.calls, ms_p20=t.ms_p20 / case.calls, ms_p80=t.ms_p80 / case.calls)
                 records.append(record)
     return records
 
