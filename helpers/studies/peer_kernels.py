@@ -136,7 +136,7 @@ def layer_norm_cases() -> list[Case]:
     so it does less) as the nearest library kernel."""
     elems = pick(full=1 << 26, smoke=1 << 8)
     cases = []
-    for n, dname in pick(full=[(1024, "bf16"), (8192, "bf16"), (4096, "fp32")], smoke=[(32, "bf16")]):
+    for n, dname in pick(full=[(n, d) for d in ("bf16", "fp32") for n in (1024, 4096, 8192)], smoke=[(32, "bf16")]):
         dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dname]
         impls = {"course": fused_bias_gelu_layernorm, "eager": eager_chain.eager_chain,
                  "compile": _compiled(eager_chain.eager_chain)}
@@ -173,9 +173,10 @@ def rotary_cases() -> list[Case]:
 
 
 def attention_cases() -> list[Case]:
-    """FlashAttention at B 4, H 32, S 4,096, D 128, causal and not, and at S 1,024 and D 64 (forward only)."""
-    full = [(4, 32, 4096, 128, False, True), (4, 32, 4096, 128, True, True), (4, 32, 1024, 128, False, False),
-            (4, 32, 4096, 64, False, False)]
+    """FlashAttention at B 4, H 32, S 4,096, D 128, causal and not; at S 1,024 with as many tokens (B 16) and with a
+    quarter of them (B 4, forward only); at D 64 (forward only)."""
+    full = [(4, 32, 4096, 128, False, True), (4, 32, 4096, 128, True, True), (16, 32, 1024, 128, False, True),
+            (4, 32, 1024, 128, False, False), (4, 32, 4096, 64, False, False)]
     peers = pick(full={"course": "triton", "cudnn": "sdpa_cudnn", "flash": "sdpa_flash"},
                  smoke={"course": "triton", "eager": "naive"})
     cases = []
