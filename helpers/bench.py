@@ -207,6 +207,7 @@ def steady_state_rounds(fns: Mapping[str, Callable[[], object]]) -> dict[str, Ti
             rounds[name].append(steady_state_time(fn))
     return {name: median_round(ts) for name, ts in rounds.items()}
 
+
 BUSY_CYCLES = 200_000_000  # host_time(busy_gpu=True)'s spin: about 0.1 s at an H100's or H200's clock
 
 
